@@ -1,0 +1,191 @@
+// The one input check of custom::npu_fused_gdn_decode (SPEC.md, "Validation"). CPU, NPU and Meta
+// all call it before touching any data, so every backend accepts and rejects the same inputs.
+// Written on SymInt so the Meta kernel can run it on symbolic shapes under torch.compile.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <c10/util/Exception.h>
+
+#include "fused_gdn_decode.h"
+
+namespace custom_ops {
+namespace {
+
+constexpr const char* kOp = "npu_fused_gdn_decode: ";
+constexpr int64_t kUint32Max = 4294967295LL;
+constexpr int64_t kMinK = 64;
+constexpr int64_t kMaxK = 2032;
+// The vendor kernel pads each K row to a multiple of 16 elements and allows at most 32 bytes of
+// padding for a float32 state (op_host tiling).
+constexpr int64_t kKAlign = 16;
+constexpr int64_t kMaxFp32RowPadBytes = 32;
+
+void check_rank(const at::Tensor& t, const char* name, int64_t rank, const char* layout) {
+  TORCH_CHECK_VALUE(
+      t.dim() == rank, kOp, name, " must be a ", rank, "-D tensor ", layout, ", but got a ",
+      t.dim(), "-D tensor of shape ", t.sym_sizes());
+}
+
+void check_not_empty(const at::Tensor& t, const char* name) {
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    TORCH_CHECK_VALUE(
+        t.sym_size(d) > 0, kOp, name, " must not be empty: every dimension must be > 0, but got "
+        "shape ", t.sym_sizes());
+  }
+}
+
+void check_dtype(const at::Tensor& t, const char* name, at::ScalarType expected, const char* why) {
+  TORCH_CHECK_TYPE(
+      t.scalar_type() == expected, kOp, name, " must have dtype ", expected, why, ", but got ",
+      t.scalar_type());
+}
+
+void check_uint32(const c10::SymInt& v, const char* what) {
+  TORCH_CHECK_VALUE(v <= kUint32Max, kOp, what, " must be at most UINT32_MAX (", kUint32Max,
+                    "), but got ", v);
+}
+
+void check_shape(const at::Tensor& t, const char* name, c10::SymIntArrayRef expected,
+                 const char* layout) {
+  TORCH_CHECK_VALUE(
+      t.sym_sizes() == expected, kOp, name, " must have shape ", layout, " = ", expected,
+      ", but got ", t.sym_sizes());
+}
+
+} // namespace
+
+GdnDims check_fused_gdn_decode_inputs(
+    const at::Tensor& mixed_qkv,
+    const at::Tensor& a,
+    const at::Tensor& b,
+    const at::Tensor& a_log,
+    const at::Tensor& dt_bias,
+    const at::Tensor& state_ref,
+    const at::Tensor& ssm_state_indices,
+    double scale,
+    double softplus_threshold) {
+  // Devices: everything on mixed_qkv's device.
+  const auto device = mixed_qkv.device();
+  const std::pair<const at::Tensor*, const char*> others[] = {
+      {&a, "a"}, {&b, "b"}, {&a_log, "a_log"}, {&dt_bias, "dt_bias"},
+      {&state_ref, "state_ref"}, {&ssm_state_indices, "ssm_state_indices"}};
+  for (const auto& [t, name] : others) {
+    TORCH_CHECK_VALUE(t->device() == device, kOp, "all tensors must be on one device: expected ",
+                      name, " on ", device, " (the device of mixed_qkv), but got ", t->device());
+  }
+
+  check_rank(mixed_qkv, "mixed_qkv", 2, "(B, 2*H*K + Hv*V)");
+  check_rank(a, "a", 2, "(B, Hv)");
+  check_rank(b, "b", 2, "(B, Hv)");
+  check_rank(a_log, "a_log", 1, "(Hv,)");
+  check_rank(dt_bias, "dt_bias", 1, "(Hv,)");
+  check_rank(state_ref, "state_ref", 4, "(BlockNum, Hv, V, K)");
+  check_rank(ssm_state_indices, "ssm_state_indices", 1, "(B,)");
+
+  const auto dtype = mixed_qkv.scalar_type();
+  TORCH_CHECK_TYPE(
+      dtype == at::kBFloat16 || dtype == at::kHalf, kOp,
+      "mixed_qkv must have dtype torch.bfloat16 or torch.float16, but got ", dtype);
+  check_dtype(a, "a", dtype, " (the dtype of mixed_qkv)");
+  check_dtype(b, "b", dtype, " (the dtype of mixed_qkv)");
+  check_dtype(dt_bias, "dt_bias", dtype, " (the dtype of mixed_qkv)");
+  check_dtype(a_log, "a_log", at::kFloat, "");
+  check_dtype(ssm_state_indices, "ssm_state_indices", at::kInt, "");
+  const auto state_dtype = state_ref.scalar_type();
+  TORCH_CHECK_TYPE(
+      state_dtype == at::kFloat || state_dtype == dtype, kOp,
+      "state_ref must have dtype torch.float32 or ", dtype,
+      " (the dtype of mixed_qkv), but got ", state_dtype, " with mixed_qkv of dtype ", dtype);
+
+  check_not_empty(mixed_qkv, "mixed_qkv");
+  check_not_empty(a, "a");
+  check_not_empty(b, "b");
+  check_not_empty(a_log, "a_log");
+  check_not_empty(dt_bias, "dt_bias");
+  check_not_empty(state_ref, "state_ref");
+  check_not_empty(ssm_state_indices, "ssm_state_indices");
+
+  GdnDims d;
+  d.batch = mixed_qkv.sym_size(0);
+  const c10::SymInt width = mixed_qkv.sym_size(1);
+  d.block_num = state_ref.sym_size(0);
+  d.num_v_heads = state_ref.sym_size(1);
+  d.head_v = state_ref.sym_size(2);
+  d.head_k = state_ref.sym_size(3);
+
+  check_uint32(d.batch, "B (mixed_qkv.size(0))");
+  check_uint32(width, "mixed_qkv.size(1)");
+  check_uint32(d.block_num, "BlockNum (state_ref.size(0))");
+  check_uint32(d.num_v_heads, "Hv (state_ref.size(1))");
+  check_uint32(d.head_v, "V (state_ref.size(2))");
+  check_uint32(d.head_k, "K (state_ref.size(3))");
+  check_uint32(d.batch * d.num_v_heads, "B*Hv");
+
+  const c10::SymInt& K = d.head_k;
+  TORCH_CHECK_VALUE(K >= kMinK && K <= kMaxK, kOp, "K (state_ref.size(3)) must be in [", kMinK,
+                    ", ", kMaxK, "], but got ", K);
+  if (state_dtype == at::kFloat) {
+    const c10::SymInt pad_bytes = ((K + (kKAlign - 1)) / kKAlign * kKAlign - K) * 4;
+    TORCH_CHECK_VALUE(
+        pad_bytes <= kMaxFp32RowPadBytes, kOp, "K = ", K,
+        " is not supported with a float32 state_ref: rows are padded to a multiple of ", kKAlign,
+        " elements and at most ", kMaxFp32RowPadBytes, " bytes of padding are allowed, but K = ",
+        K, " needs ", pad_bytes, " (use K with K % 16 == 0 or K % 16 >= 8, or a ", dtype,
+        " state)");
+  }
+
+  const c10::SymInt hv_v = d.num_v_heads * d.head_v;
+  TORCH_CHECK_VALUE(hv_v < width, kOp, "mixed_qkv.size(1) must be greater than Hv*V = ", hv_v,
+                    " (it holds q and k of H heads before v), but got ", width);
+  TORCH_CHECK_VALUE(
+      (width - hv_v) % (2 * K) == 0, kOp, "mixed_qkv.size(1) - Hv*V = ", width - hv_v,
+      " must be a multiple of 2*K = ", 2 * K, " (q and k of H heads), but got mixed_qkv.size(1) = ",
+      width, " with Hv = ", d.num_v_heads, ", V = ", d.head_v, ", K = ", K);
+  d.num_heads = (width - hv_v) / (2 * K);
+  TORCH_CHECK_VALUE(
+      d.num_v_heads % d.num_heads == 0, kOp, "Hv (state_ref.size(1)) must be a multiple of H = ",
+      d.num_heads, " (derived from mixed_qkv.size(1)), but got Hv = ", d.num_v_heads);
+
+  check_shape(a, "a", {d.batch, d.num_v_heads}, "(B, Hv)");
+  check_shape(b, "b", {d.batch, d.num_v_heads}, "(B, Hv)");
+  check_shape(a_log, "a_log", {d.num_v_heads}, "(Hv,)");
+  check_shape(dt_bias, "dt_bias", {d.num_v_heads}, "(Hv,)");
+  check_shape(ssm_state_indices, "ssm_state_indices", {d.batch}, "(B,)");
+
+  TORCH_CHECK_VALUE(state_ref.is_contiguous(), kOp,
+                    "state_ref must be contiguous (it is updated in place), but got strides ",
+                    state_ref.sym_strides(), " for shape ", state_ref.sym_sizes());
+  TORCH_CHECK_VALUE(std::isfinite(scale), kOp, "scale must be finite, but got ", scale);
+  TORCH_CHECK_VALUE(std::isfinite(softplus_threshold), kOp,
+                    "softplus_threshold must be finite, but got ", softplus_threshold);
+  return d;
+}
+
+void check_slot_indices(const at::Tensor& indices, int64_t block_num) {
+  TORCH_INTERNAL_ASSERT(indices.device().is_cpu() && indices.scalar_type() == at::kInt);
+  const int32_t* idx = indices.const_data_ptr<int32_t>();
+  const int64_t n = indices.size(0);
+  const int64_t stride = indices.stride(0);
+  std::vector<std::pair<int32_t, int64_t>> used;  // (slot, row) of the valid rows
+  used.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t s = idx[i * stride];
+    if (s <= 0) {
+      continue;  // invalid row (slot 0 is the null slot)
+    }
+    TORCH_CHECK_VALUE(s < block_num, kOp, "ssm_state_indices[", i, "] = ", s,
+                      " is out of range: valid slots must be < BlockNum = ", block_num,
+                      " (indices <= 0 mark invalid rows)");
+    used.emplace_back(s, i);
+  }
+  std::sort(used.begin(), used.end());
+  for (size_t j = 1; j < used.size(); ++j) {
+    TORCH_CHECK_VALUE(used[j].first != used[j - 1].first, kOp, "ssm_state_indices must not repeat "
+                      "a positive slot, but slot ", used[j].first, " is used by rows ",
+                      used[j - 1].second, " and ", used[j].second);
+  }
+}
+
+} // namespace custom_ops

@@ -1,0 +1,202 @@
+// CPU implementation of custom::npu_fused_gdn_decode and the run-time choice of kernel variant.
+#include <atomic>
+#include <cstdlib>
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "cpu/kernel.h"
+#include "fused_gdn_decode.h"
+
+namespace custom_ops::cpu {
+namespace {
+
+bool cpu_supports(Isa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  switch (isa) {
+    case Isa::kPortable:
+      return true;
+    case Isa::kAvx2:
+#ifdef CUSTOM_OPS_WITH_AVX2
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+#else
+      return false;
+#endif
+    case Isa::kAvx512:
+#ifdef CUSTOM_OPS_WITH_AVX512
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+      return false;
+#endif
+  }
+  return false;
+#else
+  return isa == Isa::kPortable;
+#endif
+}
+
+constexpr Isa kAllIsas[] = {Isa::kPortable, Isa::kAvx2, Isa::kAvx512};
+
+Isa best_isa() {
+  Isa best = Isa::kPortable;
+  for (Isa isa : kAllIsas) {
+    if (cpu_supports(isa)) {
+      best = isa;
+    }
+  }
+  return best;
+}
+
+bool parse_isa(const std::string& name, Isa* isa) {
+  for (Isa candidate : kAllIsas) {
+    if (name == isa_name(candidate)) {
+      *isa = candidate;
+      return true;
+    }
+  }
+  return false;
+}
+
+// CUSTOM_OPS_CPU_ISA=portable|avx2|avx512|auto picks the variant at load (falling back to the
+// best available); _C._set_cpu_isa changes it later.
+Isa initial_isa() {
+  const char* env = std::getenv("CUSTOM_OPS_CPU_ISA");
+  Isa isa;
+  if (env != nullptr && parse_isa(env, &isa) && cpu_supports(isa)) {
+    return isa;
+  }
+  return best_isa();
+}
+
+std::atomic<Isa> g_isa{initial_isa()};
+
+DType to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kHalf:
+      return DType::kFloat16;
+    default:
+      TORCH_INTERNAL_ASSERT(false, "dtype passed the check but has no kernel: ", t);
+  }
+}
+
+} // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+    default:
+      return "portable";
+  }
+}
+
+Isa current_isa() {
+  return g_isa.load(std::memory_order_relaxed);
+}
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> isas;
+  for (Isa isa : kAllIsas) {
+    if (cpu_supports(isa)) {
+      isas.push_back(isa);
+    }
+  }
+  return isas;
+}
+
+bool set_isa(const std::string& name, std::string* error) {
+  Isa isa;
+  if (name == "auto") {
+    isa = best_isa();
+  } else if (!parse_isa(name, &isa)) {
+    *error = "unknown CPU kernel variant '" + name +
+             "', expected 'auto', 'portable', 'avx2' or 'avx512'";
+    return false;
+  } else if (!cpu_supports(isa)) {
+    *error = "CPU kernel variant '" + name + "' is not available: this build or this CPU lacks it";
+    return false;
+  }
+  g_isa = isa;
+  return true;
+}
+
+void fused_gdn_decode_kernel(const GdnParams& p) {
+  switch (current_isa()) {
+#ifdef CUSTOM_OPS_WITH_AVX512
+    case Isa::kAvx512:
+      fused_gdn_decode_kernel_AVX512(p);
+      return;
+#endif
+#ifdef CUSTOM_OPS_WITH_AVX2
+    case Isa::kAvx2:
+      fused_gdn_decode_kernel_AVX2(p);
+      return;
+#endif
+    default:
+      fused_gdn_decode_kernel_DEFAULT(p);
+  }
+}
+
+at::Tensor npu_fused_gdn_decode_cpu(
+    const at::Tensor& mixed_qkv,
+    const at::Tensor& a,
+    const at::Tensor& b,
+    const at::Tensor& a_log,
+    const at::Tensor& dt_bias,
+    at::Tensor& state_ref,
+    const at::Tensor& ssm_state_indices,
+    double scale,
+    double softplus_threshold) {
+  const GdnDims d = check_fused_gdn_decode_inputs(
+      mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale, softplus_threshold);
+  const int64_t B = d.batch.expect_int(), Hv = d.num_v_heads.expect_int();
+  const int64_t V = d.head_v.expect_int();
+  check_slot_indices(ssm_state_indices, d.block_num.expect_int());
+
+  at::Tensor out = at::empty({B, 1, Hv, V}, mixed_qkv.options());
+  GdnParams p;
+  p.batch = B;
+  p.num_heads = d.num_heads.expect_int();
+  p.num_v_heads = Hv;
+  p.head_k = d.head_k.expect_int();
+  p.head_v = V;
+  p.mixed_qkv = mixed_qkv.const_data_ptr();
+  p.qkv_stride_row = mixed_qkv.stride(0);
+  p.qkv_stride_col = mixed_qkv.stride(1);
+  p.a = a.const_data_ptr();
+  p.a_stride_row = a.stride(0);
+  p.a_stride_col = a.stride(1);
+  p.b = b.const_data_ptr();
+  p.b_stride_row = b.stride(0);
+  p.b_stride_col = b.stride(1);
+  p.a_log = a_log.const_data_ptr<float>();
+  p.a_log_stride = a_log.stride(0);
+  p.dt_bias = dt_bias.const_data_ptr();
+  p.dt_bias_stride = dt_bias.stride(0);
+  p.state = state_ref.data_ptr();
+  p.indices = ssm_state_indices.const_data_ptr<int32_t>();
+  p.indices_stride = ssm_state_indices.stride(0);
+  p.out = out.data_ptr();
+  p.scale = static_cast<float>(scale);
+  p.softplus_threshold = static_cast<float>(softplus_threshold);
+  p.input_dtype = to_dtype(mixed_qkv.scalar_type());
+  p.state_dtype = to_dtype(state_ref.scalar_type());
+  fused_gdn_decode_kernel(p);
+  return out;
+}
+
+} // namespace custom_ops::cpu
+
+TORCH_LIBRARY_IMPL(custom, CPU, m) {
+  m.impl("npu_fused_gdn_decode", &custom_ops::cpu::npu_fused_gdn_decode_cpu);
+}

@@ -1,0 +1,64 @@
+// Interface between the CPU op (fused_gdn_decode_cpu.cpp) and the kernel bodies compiled once per
+// instruction set (kernel_default.cpp, kernel_avx2.cpp). Plain pointers and element strides only,
+// so the kernel files need no Tensor headers and compile quickly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace custom_ops::cpu {
+
+enum class DType : int { kFloat32, kBFloat16, kFloat16 };
+
+struct GdnParams {
+  // Sizes (validated by the shared check).
+  int64_t batch, num_heads, num_v_heads, head_k, head_v;
+  // mixed_qkv (B, 2*H*K + Hv*V), any strides.
+  const void* mixed_qkv;
+  int64_t qkv_stride_row, qkv_stride_col;
+  // a, b (B, Hv), any strides.
+  const void* a;
+  int64_t a_stride_row, a_stride_col;
+  const void* b;
+  int64_t b_stride_row, b_stride_col;
+  // a_log (Hv,) float32, dt_bias (Hv,) in the input dtype.
+  const float* a_log;
+  int64_t a_log_stride;
+  const void* dt_bias;
+  int64_t dt_bias_stride;
+  // state (BlockNum, Hv, V, K), contiguous, updated in place.
+  void* state;
+  // ssm_state_indices (B,) int32; index <= 0 marks an invalid row.
+  const int32_t* indices;
+  int64_t indices_stride;
+  // out (B, 1, Hv, V), contiguous, input dtype.
+  void* out;
+  float scale;
+  float softplus_threshold;
+  DType input_dtype;
+  DType state_dtype;
+};
+
+enum class Isa : int { kPortable, kAvx2, kAvx512 };
+
+// One kernel body per instruction set; each computes the whole op described by GdnParams.
+void fused_gdn_decode_kernel_DEFAULT(const GdnParams& p);
+#ifdef CUSTOM_OPS_WITH_AVX2
+void fused_gdn_decode_kernel_AVX2(const GdnParams& p);
+#endif
+#ifdef CUSTOM_OPS_WITH_AVX512
+void fused_gdn_decode_kernel_AVX512(const GdnParams& p);
+#endif
+
+// Runs the kernel of the selected instruction set.
+void fused_gdn_decode_kernel(const GdnParams& p);
+
+const char* isa_name(Isa isa);
+Isa current_isa();
+std::vector<Isa> available_isas();
+// "portable", "avx2", "avx512" or "auto" (the best this CPU runs). False with *error set if unknown or not
+// runnable here.
+bool set_isa(const std::string& name, std::string* error);
+
+} // namespace custom_ops::cpu

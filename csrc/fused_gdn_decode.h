@@ -1,0 +1,44 @@
+// Shared declarations of custom::npu_fused_gdn_decode: the schema, the input check every
+// backend runs, and the sizes it derives.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/SymInt.h>
+
+namespace custom_ops {
+
+// The drop-in schema of the vendor's torch_ops_extension (SPEC.md); declared once in ops.cpp.
+inline constexpr const char* kFusedGdnDecodeSchema =
+    "npu_fused_gdn_decode(Tensor mixed_qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, "
+    "Tensor(a!) state_ref, Tensor ssm_state_indices, float scale, *, "
+    "float softplus_threshold=20.0) -> Tensor";
+
+// Sizes derived by the check. SymInt so that the Meta kernel serves symbolic shapes too; on
+// real tensors they are plain integers.
+struct GdnDims {
+  c10::SymInt batch;       // B
+  c10::SymInt block_num;   // BlockNum (state slots)
+  c10::SymInt num_heads;   // H, key heads
+  c10::SymInt num_v_heads; // Hv, value heads
+  c10::SymInt head_k;      // K
+  c10::SymInt head_v;      // V
+};
+
+// Every backend (CPU, NPU, Meta, fallback) calls this first. Throws TypeError for dtype
+// problems and ValueError for shape/value/device problems; touches no data.
+GdnDims check_fused_gdn_decode_inputs(
+    const at::Tensor& mixed_qkv,
+    const at::Tensor& a,
+    const at::Tensor& b,
+    const at::Tensor& a_log,
+    const at::Tensor& dt_bias,
+    const at::Tensor& state_ref,
+    const at::Tensor& ssm_state_indices,
+    double scale,
+    double softplus_threshold);
+
+// Host-side slot check (needs the index values): every index < BlockNum, positive ones distinct.
+// The CPU path always runs it; device backends only behind their debug switch.
+void check_slot_indices(const at::Tensor& ssm_state_indices_cpu, int64_t block_num);
+
+} // namespace custom_ops

@@ -1,0 +1,29 @@
+// Meta kernel: shape inference for FakeTensor / torch.compile. Runs the same check as every
+// backend (on symbolic sizes where they are symbolic) and returns out as the real kernels do.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "fused_gdn_decode.h"
+
+namespace custom_ops::meta {
+
+at::Tensor npu_fused_gdn_decode_meta(
+    const at::Tensor& mixed_qkv,
+    const at::Tensor& a,
+    const at::Tensor& b,
+    const at::Tensor& a_log,
+    const at::Tensor& dt_bias,
+    at::Tensor& state_ref,
+    const at::Tensor& ssm_state_indices,
+    double scale,
+    double softplus_threshold) {
+  const GdnDims d = check_fused_gdn_decode_inputs(
+      mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale, softplus_threshold);
+  return at::empty_symint({d.batch, 1, d.num_v_heads, d.head_v}, mixed_qkv.options());
+}
+
+} // namespace custom_ops::meta
+
+TORCH_LIBRARY_IMPL(custom, Meta, m) {
+  m.impl("npu_fused_gdn_decode", &custom_ops::meta::npu_fused_gdn_decode_meta);
+}

@@ -1,0 +1,57 @@
+"""Typed Python entry point of the op."""
+
+import torch
+
+
+def fused_gdn_decode(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_ref: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    scale: float,
+    *,
+    softplus_threshold: float = 20.0,
+) -> torch.Tensor:
+    """One fused Gated DeltaNet decode step for a batch of sequences.
+
+    Calls ``torch.ops.custom.npu_fused_gdn_decode`` (the CPU kernel, the Ascend NPU kernel, or the
+    Meta kernel under FakeTensor/torch.compile, by the inputs' device).
+
+    Args:
+        mixed_qkv: [B, 2*H*K + Hv*V] bf16/fp16: q of H heads, then k of H heads, then v of Hv heads.
+        a, b: [B, Hv], mixed_qkv's dtype (may be column slices of one projection).
+        a_log: [Hv] float32.
+        dt_bias: [Hv], mixed_qkv's dtype.
+        state_ref: [BlockNum, Hv, V, K], float32 or mixed_qkv's dtype, contiguous; rows
+            ``state_ref[ssm_state_indices[i]]`` are updated in place.
+        ssm_state_indices: [B] int32 slot per batch row; a value <= 0 marks an invalid row
+            (zero output, no state access). Positive slots must be distinct and < BlockNum.
+        scale: query scale, usually K ** -0.5.
+        softplus_threshold: softplus input clamp (default 20.0).
+
+    Returns:
+        out: [B, 1, Hv, V], contiguous, mixed_qkv's dtype.
+
+    Raises:
+        TypeError: a dtype outside the accepted table.
+        ValueError: a bad shape, size, device, stride or index, naming the argument.
+
+    Example:
+        >>> import torch, custom_ops
+        >>> B, H, Hv, K, V = 2, 2, 4, 64, 64
+        >>> qkv = torch.randn(B, 2 * H * K + Hv * V, dtype=torch.bfloat16)
+        >>> ab = torch.randn(B, 2 * Hv, dtype=torch.bfloat16)
+        >>> state = torch.zeros(8, Hv, V, K)
+        >>> out = custom_ops.fused_gdn_decode(
+        ...     qkv, ab[:, :Hv], ab[:, Hv:], torch.zeros(Hv), torch.zeros(Hv, dtype=torch.bfloat16),
+        ...     state, torch.tensor([3, 5], dtype=torch.int32), K ** -0.5)
+        >>> out.shape
+        torch.Size([2, 1, 4, 64])
+    """
+    return torch.ops.custom.npu_fused_gdn_decode(
+        mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+        softplus_threshold=softplus_threshold,
+    )
