@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <c10/util/Exception.h>
@@ -22,6 +23,31 @@ constexpr int64_t kMaxK = 2032;
 constexpr int64_t kKAlign = 16;
 constexpr int64_t kMaxFp32RowPadBytes = 32;
 
+// Python spelling of a dtype ("torch.bfloat16"), as users write it.
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return "torch.float32";
+    case at::kHalf:
+      return "torch.float16";
+    case at::kBFloat16:
+      return "torch.bfloat16";
+    case at::kDouble:
+      return "torch.float64";
+    case at::kInt:
+      return "torch.int32";
+    case at::kLong:
+      return "torch.int64";
+    case at::kShort:
+      return "torch.int16";
+    default: {
+      std::string name = c10::toString(t);
+      std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+      return "torch." + name;
+    }
+  }
+}
+
 void check_rank(const at::Tensor& t, const char* name, int64_t rank, const char* layout) {
   TORCH_CHECK_VALUE(
       t.dim() == rank, kOp, name, " must be a ", rank, "-D tensor ", layout, ", but got a ",
@@ -38,8 +64,8 @@ void check_not_empty(const at::Tensor& t, const char* name) {
 
 void check_dtype(const at::Tensor& t, const char* name, at::ScalarType expected, const char* why) {
   TORCH_CHECK_TYPE(
-      t.scalar_type() == expected, kOp, name, " must have dtype ", expected, why, ", but got ",
-      t.scalar_type());
+      t.scalar_type() == expected, kOp, name, " must have dtype ", dtype_name(expected), why,
+      ", but got ", dtype_name(t.scalar_type()));
 }
 
 void check_uint32(const c10::SymInt& v, const char* what) {
@@ -87,7 +113,7 @@ GdnDims check_fused_gdn_decode_inputs(
   const auto dtype = mixed_qkv.scalar_type();
   TORCH_CHECK_TYPE(
       dtype == at::kBFloat16 || dtype == at::kHalf, kOp,
-      "mixed_qkv must have dtype torch.bfloat16 or torch.float16, but got ", dtype);
+      "mixed_qkv must have dtype torch.bfloat16 or torch.float16, but got ", dtype_name(dtype));
   check_dtype(a, "a", dtype, " (the dtype of mixed_qkv)");
   check_dtype(b, "b", dtype, " (the dtype of mixed_qkv)");
   check_dtype(dt_bias, "dt_bias", dtype, " (the dtype of mixed_qkv)");
@@ -96,8 +122,8 @@ GdnDims check_fused_gdn_decode_inputs(
   const auto state_dtype = state_ref.scalar_type();
   TORCH_CHECK_TYPE(
       state_dtype == at::kFloat || state_dtype == dtype, kOp,
-      "state_ref must have dtype torch.float32 or ", dtype,
-      " (the dtype of mixed_qkv), but got ", state_dtype, " with mixed_qkv of dtype ", dtype);
+      "state_ref must have dtype torch.float32 or ", dtype_name(dtype),
+      " (the dtype of mixed_qkv), but got ", dtype_name(state_dtype));
 
   check_not_empty(mixed_qkv, "mixed_qkv");
   check_not_empty(a, "a");
@@ -132,7 +158,7 @@ GdnDims check_fused_gdn_decode_inputs(
         pad_bytes <= kMaxFp32RowPadBytes, kOp, "K = ", K,
         " is not supported with a float32 state_ref: rows are padded to a multiple of ", kKAlign,
         " elements and at most ", kMaxFp32RowPadBytes, " bytes of padding are allowed, but K = ",
-        K, " needs ", pad_bytes, " (use K with K % 16 == 0 or K % 16 >= 8, or a ", dtype,
+        K, " needs ", pad_bytes, " (use K % 16 == 0 or K % 16 >= 8, or a ", dtype_name(dtype),
         " state)");
   }
 
