@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds a custom_ops wheel against the installed torch and installs it.
+#
+#   bash build_and_install.sh                    # build + install
+#   bash build_and_install.sh --with-test-deps   # also install what the tests need
+#
+# torch is never replaced: the extension must match the torch it runs with. Only when torch is
+# missing is the CPU build torch==$TORCH_VERSION installed. On an Ascend host, install torch_npu and
+# CANN first and source CANN's set_env.sh (see README, "On Ascend NPUs"); the build is the same.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-python}
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+WITH_TEST_DEPS=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-test-deps) WITH_TEST_DEPS=1 ;;
+    *) echo "usage: bash build_and_install.sh [--with-test-deps]" >&2; exit 2 ;;
+  esac
+done
+
+if ! "$PYTHON" -c "import torch" 2>/dev/null; then
+  echo "build_and_install: torch not found, installing torch==$TORCH_VERSION"
+  "$PYTHON" -m pip install "torch==$TORCH_VERSION"
+fi
+"$PYTHON" -m pip install -q "setuptools>=64" wheel ninja
+
+rm -rf build dist custom_ops.egg-info custom_ops/_C*.so
+MAX_JOBS=${MAX_JOBS:-2} "$PYTHON" -m pip wheel --no-build-isolation --no-deps -w dist .
+"$PYTHON" -m pip install --no-deps --force-reinstall dist/custom_ops-*.whl
+# Commands run from the checkout import the package directory here rather than the installed
+# copy; give it the same freshly built extension.
+cp build/lib*/custom_ops/_C*.so custom_ops/
+
+if [ "$WITH_TEST_DEPS" = 1 ]; then
+  "$PYTHON" -m pip install -q -r requirements-test.txt
+fi
+"$PYTHON" -c "import custom_ops, torch; print('custom_ops installed: torch', torch.__version__, '| CPU kernel:', custom_ops.cpu_isa(), '| variants:', custom_ops.cpu_isas())"
