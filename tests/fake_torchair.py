@@ -177,7 +177,8 @@ ge_apis = types.SimpleNamespace(
     Maximum=_builtin("Maximum", ["x1", "x2"], "y"),
     Greater=_builtin("Greater", ["x1", "x2"], "y"),
     GatherV2=_builtin("GatherV2", ["x", "indices", "axis"], "y"),
-    Select=_builtin("Select", ["condition", "x1", "x2"], "y"),
+    Reshape=_builtin("Reshape", ["x", "shape"], "y"),
+    SelectV2=_builtin("SelectV2", ["condition", "then", "else"], "result"),
     ScatterUpdate=_builtin("ScatterUpdate", ["var", "indices", "updates"], "var"),
 )
 
@@ -270,10 +271,6 @@ def _fused_gdn_decode(op, x):
     return [out, state_out]
 
 
-def _select(c, x1, x2):
-    return torch.where(c.reshape(-1, *([1] * (x1.dim() - 1))), x1, x2)
-
-
 def _scatter_update(var, idx, upd):
     var[idx.long()] = upd  # ref op: output 'var' is the input buffer
     return var
@@ -286,7 +283,8 @@ _RUN = {
     "Maximum": torch.maximum,
     "Greater": torch.gt,
     "GatherV2": lambda x, i, axis: torch.index_select(x, int(axis), i.long()),
-    "Select": _select,
+    "Reshape": lambda x, shape: x.reshape(shape.tolist()),
+    "SelectV2": torch.where,  # numpy broadcasting, as GE SelectV2
     "ScatterUpdate": _scatter_update,
 }
 
@@ -296,7 +294,7 @@ def execute(wanted):
     values = {}
     for op in _GRAPH.op:
         if op.type == "Const":
-            res = [torch.tensor(op.value, dtype=torch.int32)]
+            res = [torch.tensor(op.value, dtype=torch.int32)]  # the converter's consts are int32
         elif op.type == "Data":
             res = [op.value]
         elif op.type == "FusedGdnDecode":

@@ -32,7 +32,8 @@ The converter therefore copies the updated rows back itself and ends with ``Scat
 input and output are both named ``var`` (the pair torchair looks for)::
 
     slots = max(ssm_state_indices, 0)            # invalid rows address the null slot 0
-    rows  = Select(ssm_state_indices > 0, GatherV2(state_out, slots), GatherV2(state, slots))
+    rows  = SelectV2(ssm_state_indices > 0,      # as (B, 1, 1, 1)
+                     GatherV2(state_out, slots), GatherV2(state, slots))
     state = ScatterUpdate(state, slots, rows)    # invalid rows rewrite slot 0 with its own value
 
 ``ScatterUpdate`` depends on ``state_out`` through the gather, so it runs after the kernel has read
@@ -121,9 +122,12 @@ def _scatter_rows_back(ge, state, state_out, indices):
     zero = ge.Const(0, dtype=ge.DataType.DT_INT32)
     axis = ge.Const(0, dtype=ge.DataType.DT_INT32)
     slots = ge.Maximum(indices, zero)
-    valid = ge.Greater(indices, zero)
-    rows = ge.Select(valid, ge.GatherV2(state_out, slots, axis), ge.GatherV2(state, slots, axis))
-    return ge.ScatterUpdate(state, slots, rows)
+    # (B,) -> (B, 1, 1, 1): SelectV2 broadcasts like numpy, i.e. from the trailing dimension.
+    row_shape = ge.Const([-1, 1, 1, 1], dtype=ge.DataType.DT_INT32)
+    valid = ge.Reshape(ge.Greater(indices, zero), row_shape)
+    new_rows = ge.GatherV2(state_out, slots, axis)
+    old_rows = ge.GatherV2(state, slots, axis)
+    return ge.ScatterUpdate(state, slots, ge.SelectV2(valid, new_rows, old_rows))
 
 
 def register(torchair):
