@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 
 #include "cpu/kernel.h"
@@ -74,6 +75,113 @@ struct Io<float> {
     }
   }
 };
+
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+// bf16 state in "lane order": widening a bf16 is a 16-bit shift, so interleaving the words with
+// zeros (unpacklo/unpackhi) gives two float vectors in one instruction each, and packus_epi32 of
+// the rounded high halves is its exact inverse. The element order inside the two vectors differs
+// from memory order (per 128-bit lane: words 0-3 -> lo, 4-7 -> hi); k and q are stored in that
+// same order (see element_order), and dot products do not care about order.
+#if defined(CPU_CAPABILITY_AVX512)
+using iVec = __m512i;
+inline iVec lane_load(const void* p) { return _mm512_loadu_si512(p); }
+inline iVec lane_load(const void* p, int64_t n) {
+  return _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << n) - 1), p);
+}
+inline void lane_store(void* p, iVec x) { _mm512_storeu_si512(p, x); }
+inline void lane_store(void* p, int64_t n, iVec x) {
+  _mm512_mask_storeu_epi16(p, static_cast<__mmask32>((1ull << n) - 1), x);
+}
+inline iVec i_zero() { return _mm512_setzero_si512(); }
+inline iVec i_set1(int32_t v) { return _mm512_set1_epi32(v); }
+inline iVec i_unpacklo16(iVec a, iVec b) { return _mm512_unpacklo_epi16(a, b); }
+inline iVec i_unpackhi16(iVec a, iVec b) { return _mm512_unpackhi_epi16(a, b); }
+inline iVec i_srli(iVec a, int n) { return _mm512_srli_epi32(a, n); }
+inline iVec i_and(iVec a, iVec b) { return _mm512_and_si512(a, b); }
+inline iVec i_add(iVec a, iVec b) { return _mm512_add_epi32(a, b); }
+inline iVec i_packus32(iVec a, iVec b) { return _mm512_packus_epi32(a, b); }
+inline fVec as_f(iVec a) { return _mm512_castsi512_ps(a); }
+inline iVec as_i(const fVec& a) { return _mm512_castps_si512(a); }
+inline iVec keep_nan(iVec rounded, const fVec& x) {
+  // NaN must stay NaN: the rounding add above can carry a NaN's mantissa into the sign bit.
+  return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), i_set1(0x7fc0));
+}
+#else
+using iVec = __m256i;
+inline iVec lane_load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline iVec lane_load(const void* p, int64_t n) {
+  alignas(32) uint16_t buf[16] = {0};
+  std::memcpy(buf, p, n * sizeof(uint16_t));
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+}
+inline void lane_store(void* p, iVec x) { _mm256_storeu_si256(static_cast<__m256i*>(p), x); }
+inline void lane_store(void* p, int64_t n, iVec x) {
+  alignas(32) uint16_t buf[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(buf), x);
+  std::memcpy(p, buf, n * sizeof(uint16_t));
+}
+inline iVec i_zero() { return _mm256_setzero_si256(); }
+inline iVec i_set1(int32_t v) { return _mm256_set1_epi32(v); }
+inline iVec i_unpacklo16(iVec a, iVec b) { return _mm256_unpacklo_epi16(a, b); }
+inline iVec i_unpackhi16(iVec a, iVec b) { return _mm256_unpackhi_epi16(a, b); }
+inline iVec i_srli(iVec a, int n) { return _mm256_srli_epi32(a, n); }
+inline iVec i_and(iVec a, iVec b) { return _mm256_and_si256(a, b); }
+inline iVec i_add(iVec a, iVec b) { return _mm256_add_epi32(a, b); }
+inline iVec i_packus32(iVec a, iVec b) { return _mm256_packus_epi32(a, b); }
+inline fVec as_f(iVec a) { return _mm256_castsi256_ps(a); }
+inline iVec as_i(const fVec& a) { return _mm256_castps_si256(a); }
+inline iVec keep_nan(iVec rounded, const fVec& x) {
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  return _mm256_blendv_epi8(rounded, i_set1(0x7fc0), _mm256_castps_si256(nan));
+}
+#endif
+
+// Round-to-nearest-even of fp32 to bf16, result in the low 16 bits of each 32-bit lane.
+inline iVec round_bf16(const fVec& x) {
+  const iVec bits = as_i(x);
+  const iVec lsb = i_and(i_srli(bits, 16), i_set1(1));
+  return keep_nan(i_srli(i_add(i_add(bits, i_set1(0x7fff)), lsb), 16), x);
+}
+
+template <>
+struct Io<c10::BFloat16> {
+  using S = c10::BFloat16;
+  static inline void widen(iVec x, fVec& lo, fVec& hi) {
+    lo = as_f(i_unpacklo16(i_zero(), x));
+    hi = as_f(i_unpackhi16(i_zero(), x));
+  }
+  static inline iVec narrow(const fVec& lo, const fVec& hi) {
+    return i_packus32(round_bf16(lo), round_bf16(hi));
+  }
+  static inline void load(const S* p, fVec& lo, fVec& hi) { widen(lane_load(p), lo, hi); }
+  static inline void load(const S* p, int64_t n, fVec& lo, fVec& hi) {
+    widen(lane_load(p, n), lo, hi);
+  }
+  static inline void store(S* p, const fVec& lo, const fVec& hi) { lane_store(p, narrow(lo, hi)); }
+  static inline void store(S* p, int64_t n, const fVec& lo, const fVec& hi) {
+    lane_store(p, n, narrow(lo, hi));
+  }
+};
+#endif
+
+// The element order Io<S>::load produces within one kStep block: order[j] is the memory index of
+// the j-th float (lo then hi). Found by loading the indices themselves, so it is right for every
+// Io specialisation (identity for float and for at::vec's conversions).
+template <typename S>
+void element_order(int64_t order[kStep]) {
+  S idx[kStep];
+  for (int64_t j = 0; j < kStep; ++j) {
+    idx[j] = static_cast<S>(static_cast<float>(j));  // exact: j < 2^8
+  }
+  fVec lo, hi;
+  Io<S>::load(idx, lo, hi);
+  float f[kStep];
+  lo.store(f);
+  hi.store(f + kF);
+  for (int64_t j = 0; j < kStep; ++j) {
+    order[j] = static_cast<int64_t>(f[j]);
+  }
+}
 
 inline float hsum(const fVec& v) {
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
@@ -183,56 +291,75 @@ inline float at2(const void* base, int64_t i, int64_t j, int64_t si, int64_t sj)
   return static_cast<float>(static_cast<const T*>(base)[i * si + j * sj]);
 }
 
+// q (scaled) and k of key head h of row i, L2-normalised in fp32 into dst[0, Kp) and
+// dst[Kp, 2Kp), zero-padded past K and permuted into the element order of the state loads.
+template <typename T>
+void normalize_qk(const T* row, int64_t cs, int64_t H, int64_t h, int64_t K, int64_t Kp,
+                  float scale, const int64_t order[kStep], bool identity, float* dst) {
+  for (int64_t which = 0; which < 2; ++which) {  // 0: q, 1: k
+    const T* src = row + (which * H * K + h * K) * cs;
+    float* d = dst + which * Kp;
+    float sumsq = 0.f;
+    for (int64_t t = 0; t < K; ++t) {
+      d[t] = static_cast<float>(src[t * cs]);
+      sumsq += d[t] * d[t];
+    }
+    // q <- scale * q / sqrt(sum q^2 + eps); k <- k / sqrt(sum k^2 + eps)
+    const float norm = std::sqrt(sumsq + kNormEps);
+    const float mul = which == 0 ? scale : 1.f;
+    for (int64_t t = 0; t < K; ++t) {
+      d[t] = mul * d[t] / norm;
+    }
+    std::fill(d + K, d + Kp, 0.f);
+    if (!identity) {
+      float block[kStep];
+      for (int64_t t = 0; t < Kp; t += kStep) {
+        std::copy(d + t, d + t + kStep, block);
+        for (int64_t j = 0; j < kStep; ++j) {
+          d[t + j] = block[order[j]];
+        }
+      }
+    }
+  }
+}
+
 template <typename T, typename S>
 void run(const GdnParams& p) {
   const int64_t B = p.batch, H = p.num_heads, Hv = p.num_v_heads, K = p.head_k, V = p.head_v;
   const int64_t group = Hv / H;  // value heads per key head
+  const int64_t Kp = round_up(K, kStep);
   const T* qkv = static_cast<const T*>(p.mixed_qkv);
   const int64_t rs = p.qkv_stride_row, cs = p.qkv_stride_col;
-  auto slot = [&](int64_t i) { return p.indices[i * p.indices_stride]; };
-
-  // q and k of every (valid row, key head), L2-normalised once in fp32 and shared by the
-  // `group` value heads that read them. Layout [B][H][q|k][Kp], zero-padded to Kp.
-  const int64_t Kp = round_up(K, kStep);
-  std::unique_ptr<float[]> qk(new float[B * H * 2 * Kp]);
-  at::parallel_for(0, B * H, std::max<int64_t>(1, kGrainElements / K), [&](int64_t lo, int64_t hi) {
-    for (int64_t task = lo; task < hi; ++task) {
-      const int64_t i = task / H, h = task % H;
-      if (slot(i) <= 0) {
-        continue;
-      }
-      for (int64_t which = 0; which < 2; ++which) {  // 0: q, 1: k
-        const T* src = qkv + i * rs + (which * H * K + h * K) * cs;
-        float* dst = qk.get() + (task * 2 + which) * Kp;
-        float sumsq = 0.f;
-        for (int64_t t = 0; t < K; ++t) {
-          dst[t] = static_cast<float>(src[t * cs]);
-          sumsq += dst[t] * dst[t];
-        }
-        // q <- scale * q / sqrt(sum q^2 + eps); k <- k / sqrt(sum k^2 + eps)
-        const float norm = std::sqrt(sumsq + kNormEps);
-        const float mul = which == 0 ? p.scale : 1.f;
-        for (int64_t t = 0; t < K; ++t) {
-          dst[t] = mul * dst[t] / norm;
-        }
-        std::fill(dst + K, dst + Kp, 0.f);
-      }
-    }
-  });
-
   S* state = static_cast<S*>(p.state);
   T* out = static_cast<T*>(p.out);
+
+  // q and k are kept in the element order the state loads produce (identity unless Io<S>
+  // reorders), so that s[t] always meets k[t] and q[t].
+  int64_t order[kStep];
+  element_order<S>(order);
+  bool identity = true;
+  for (int64_t j = 0; j < kStep; ++j) {
+    identity = identity && order[j] == j;
+  }
+
   const int64_t grain = std::max<int64_t>(1, kGrainElements / (V * K));
-  // One task per (batch row, value head); each is computed by one thread start to end, so the
-  // result is the same whatever the thread count.
+  // One task per (batch row, value head), in row-major order so the `group` value heads of one
+  // key head are neighbours: each thread normalises q/k of a (row, key head) once and reuses it.
+  // Every task is computed by one thread start to end, so results do not depend on the split.
   at::parallel_for(0, B * Hv, grain, [&](int64_t lo, int64_t hi) {
+    std::unique_ptr<float[]> qk(new float[2 * Kp]);
+    int64_t qk_of = -1;  // i * H + h of what qk holds
     for (int64_t task = lo; task < hi; ++task) {
-      const int64_t i = task / Hv, j = task % Hv;
+      const int64_t i = task / Hv, j = task % Hv, h = j / group;
       T* o = out + task * V;
-      const int64_t s_idx = slot(i);
+      const int64_t s_idx = p.indices[i * p.indices_stride];
       if (s_idx <= 0) {
         std::fill(o, o + V, T(0.f));
         continue;
+      }
+      if (qk_of != i * H + h) {
+        normalize_qk<T>(qkv + i * rs, cs, H, h, K, Kp, p.scale, order, identity, qk.get());
+        qk_of = i * H + h;
       }
       // Gates. softplus(x) = max(x, log(1 + exp(min(x, threshold))))
       const float x = at2<T>(p.a, i, j, p.a_stride_row, p.a_stride_col) +
@@ -243,7 +370,8 @@ void run(const GdnParams& p) {
       const float beta =
           1.f / (1.f + std::exp(-at2<T>(p.b, i, j, p.b_stride_row, p.b_stride_col)));
 
-      const float* qk_row = qk.get() + ((i * H + j / group) * 2) * Kp;
+      const float* q = qk.get();
+      const float* k = qk.get() + Kp;
       S* st = state + (s_idx * Hv + j) * V * K;
       const T* v = qkv + i * rs + (2 * H * K + j * V) * cs;
       float vr[kRows], orow[kRows];
@@ -252,14 +380,14 @@ void run(const GdnParams& p) {
         for (int l = 0; l < kRows; ++l) {
           vr[l] = static_cast<float>(v[(r + l) * cs]);
         }
-        update_rows<S, kRows>(st + r * K, K, qk_row + Kp, qk_row, decay, beta, vr, orow);
+        update_rows<S, kRows>(st + r * K, K, k, q, decay, beta, vr, orow);
         for (int l = 0; l < kRows; ++l) {
           o[r + l] = static_cast<T>(orow[l]);
         }
       }
       for (; r < V; ++r) {
         vr[0] = static_cast<float>(v[r * cs]);
-        update_rows<S, 1>(st + r * K, K, qk_row + Kp, qk_row, decay, beta, vr, orow);
+        update_rows<S, 1>(st + r * K, K, k, q, decay, beta, vr, orow);
         o[r] = static_cast<T>(orow[0]);
       }
     }
