@@ -30,7 +30,7 @@ def _kernel_body(
     stride_b_row, stride_b_col,
     stride_a_log, stride_dt_bias, stride_idx,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, STATE_BF16: tl.constexpr, OUT_BF16: tl.constexpr,
 ):
     # Grid (B*Hv, V tiles): axis 0 allows 2**31 - 1 programs, axes 1-2 only 65535.
     row_head = tl.program_id(0).to(tl.int64)
@@ -91,10 +91,24 @@ def _kernel_body(
     o = tl.sum(s * q[None, :], axis=1)
     o = tl.where(valid, o, 0.0)
 
-    # fp32 -> bf16/fp16 conversion in Triton rounds to nearest even (step 6).
-    tl.store(tile, s.to(state_ptr.dtype.element_ty), mask=mask_s)
+    # Round to nearest even (step 6). Compiled, .to() already does (cvt.rn); bf16 is rounded by
+    # hand because Triton's interpreter truncates fp32 -> bf16, and the tests run there. Same bit
+    # formula as torch (c10 round_to_nearest_even), NaN -> canonical quiet NaN.
+    if STATE_BF16:
+        bits = s.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        bits = tl.where(s != s, 0x7FC0, bits)
+        tl.store(tile, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask_s)
+    else:
+        tl.store(tile, s.to(state_ptr.dtype.element_ty), mask=mask_s)
     out = out_ptr + row_head * V + offs_v
-    tl.store(out, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+    if OUT_BF16:
+        obits = o.to(tl.uint32, bitcast=True)
+        obits = (obits + 0x7FFF + ((obits >> 16) & 1)) >> 16
+        obits = tl.where(o != o, 0x7FC0, obits)
+        tl.store(out, obits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask_v)
+    else:
+        tl.store(out, o.to(out_ptr.dtype.element_ty), mask=mask_v)
 
 
 def _interpret_mode() -> bool:
@@ -174,6 +188,7 @@ def fused_gdn_decode_triton(
         b.stride(0), b.stride(1),
         a_log.stride(0), dt_bias.stride(0), ssm_state_indices.stride(0),
         H=H, HV=Hv, K=K, V=V, BK=cfg.BK, BV=cfg.BV,
+        STATE_BF16=state_ref.dtype == torch.bfloat16, OUT_BF16=out.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, num_stages=1,
     )
     return out
