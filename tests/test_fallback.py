@@ -170,3 +170,10 @@ def test_check_indices_switch():
     finally:
         fallback.set_check_indices(old)
     assert fallback.check_indices_enabled() == old
+
+
+def test_broken_triton_falls_back_to_reference(monkeypatch):
+    # triton found but its kernel module failed to import: the CUDA entry still computes the op.
+    monkeypatch.setattr(fallback, "_triton_launch", False)
+    x = make_inputs(Case(B=3, H=1, Hv=2, K=64, V=8, invalid_rows=(1,)))
+    check_against_reference(x, fn=fallback.fused_gdn_decode_triton_checked)
