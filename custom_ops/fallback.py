@@ -30,7 +30,8 @@ OP_NAME = "npu_fused_gdn_decode"
 _PREFIX = "npu_fused_gdn_decode: "
 _ARG_NAMES = ("mixed_qkv", "a", "b", "a_log", "dt_bias", "state_ref", "ssm_state_indices")
 
-_check_indices = os.environ.get("CUSTOM_OPS_CHECK_INDICES", "0").lower() in ("1", "true", "on", "yes")
+_TRUE = ("1", "true", "on", "yes")
+_check_indices = os.environ.get("CUSTOM_OPS_CHECK_INDICES", "0").lower() in _TRUE
 
 
 def set_check_indices(enabled: bool) -> bool:

@@ -34,12 +34,13 @@ def make_decode_inputs(B, H, Hv, K, V, dtype=torch.bfloat16, state_dtype=torch.f
         return (torch.randn(*shape, generator=g) * scale).to(dt).to(device)
 
     ab = randn(B, 2 * Hv, dt=dtype)
+    slots = torch.randperm(pool - 1, generator=g)[:B] + 1
     return dict(
         mixed_qkv=randn(B, 2 * H * K + Hv * V, dt=dtype),
         a=ab[:, :Hv], b=ab[:, Hv:],
         a_log=randn(Hv, scale=0.5), dt_bias=randn(Hv, scale=0.5, dt=dtype),
         state_ref=randn(pool, Hv, V, K, scale=0.5, dt=state_dtype),
-        ssm_state_indices=(torch.randperm(pool - 1, generator=g)[:B] + 1).to(torch.int32).to(device),
+        ssm_state_indices=slots.to(torch.int32).to(device),
         scale=K ** -0.5,
     )
 
@@ -213,7 +214,8 @@ _COLUMNS = ("shape", "state", "B", "method", "us", "gbps", "pct_copy", "timing",
 
 def format_row(r):
     return (f"{r['shape']:>14} {r['state']:>8} {r['B']:>4} {r['method']:>11} "
-            f"{r['us']:>9.2f} {r['gbps']:>8.1f} {r['pct_copy']:>7.1f}% {r['timing']:>5}  {r['note']}")
+            f"{r['us']:>9.2f} {r['gbps']:>8.1f} {r['pct_copy']:>7.1f}% {r['timing']:>5}  "
+            f"{r['note']}")
 
 
 def format_table(rows):

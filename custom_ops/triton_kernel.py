@@ -1,10 +1,10 @@
 """Triton kernel of ``custom::npu_fused_gdn_decode`` (CUDA, and CPU tensors under the interpreter).
 
-One program per (batch row i, value head j, tile of BV value rows): grid (B*Hv, V/BV). It loads q and k of key head
-``j // (Hv / H)`` and L2-normalises them in registers, computes the gates, reads its (BV, K) tile of
-``state_ref[slot, j]`` once, updates it in fp32, reads the output from the updated tile and writes
-the tile back once. The full K extent of a row stays in registers because u = S k needs the whole
-row before the rank-one update.
+One program per (batch row i, value head j, tile of BV value rows): grid (B*Hv, V/BV). It loads
+q and k of key head ``j // (Hv / H)`` and L2-normalises them in registers, computes the gates,
+reads its (BV, K) tile of ``state_ref[slot, j]`` once, updates it in fp32, reads the output from
+the updated tile and writes the tile back once. The full K extent of a row stays in registers
+because u = S k needs the whole row before the rank-one update.
 
 This module does no input checking: ``custom_ops.fallback`` registers the checked entry point.
 Importing it needs triton; the kernel is jitted on first launch, so ``TRITON_INTERPRET=1`` may be
