@@ -11,6 +11,7 @@ import logging
 import torch
 
 from . import _C  # noqa: F401  (registers the op with the dispatcher)
+from . import fallback  # noqa: F401  (CUDA via Triton if installed, reference elsewhere)
 from .ops import fused_gdn_decode
 from .reference import fused_gdn_decode_reference
 

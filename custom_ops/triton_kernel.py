@@ -1,0 +1,194 @@
+"""Triton kernel of ``custom::npu_fused_gdn_decode`` (CUDA, and CPU tensors under the interpreter).
+
+One program per (batch row i, value head j, tile of BV value rows): grid (B*Hv, V/BV). It loads
+q and k of key head ``j // (Hv / H)`` and L2-normalises them in registers, computes the gates,
+reads its (BV, K) tile of ``state_ref[slot, j]`` once, updates it in fp32, reads the output from
+the updated tile and writes the tile back once. The full K extent of a row stays in registers
+because u = S k needs the whole row before the rank-one update.
+
+This module does no input checking: ``custom_ops.fallback`` registers the checked entry point.
+Importing it needs triton; the kernel is jitted on first launch, so ``TRITON_INTERPRET=1`` may be
+set any time before the first call (the tests rely on that).
+"""
+
+import dataclasses
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+NORM_EPS = 1e-6
+
+
+def _kernel_body(
+    qkv_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, idx_ptr, out_ptr,
+    scale, softplus_threshold, block_num,
+    stride_qkv_row, stride_qkv_col,
+    stride_a_row, stride_a_col,
+    stride_b_row, stride_b_col,
+    stride_a_log, stride_dt_bias, stride_idx,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, STATE_BF16: tl.constexpr, OUT_BF16: tl.constexpr,
+):
+    # Grid (B*Hv, V tiles): axis 0 allows 2**31 - 1 programs, axes 1-2 only 65535.
+    row_head = tl.program_id(0).to(tl.int64)
+    i = row_head // HV
+    j = row_head % HV
+    v_tile = tl.program_id(1)
+    h = j // (HV // H)
+
+    slot = tl.load(idx_ptr + i * stride_idx).to(tl.int64)
+    # Slot <= 0 is an invalid row. An index >= BlockNum is a caller error (checked only behind
+    # the debug switch); masking it too keeps the kernel from touching memory outside the pool.
+    valid = (slot > 0) & (slot < block_num)
+
+    offs_k = tl.arange(0, BK)
+    mask_k = offs_k < K
+    offs_v = v_tile * BV + tl.arange(0, BV)
+    mask_v = offs_v < V
+
+    # q | k | v of row i; strides are general (non-contiguous views are allowed).
+    row = qkv_ptr + i * stride_qkv_row
+    q = tl.load(row + (h * K + offs_k) * stride_qkv_col, mask=mask_k, other=0.0).to(tl.float32)
+    k = tl.load(row + (H * K + h * K + offs_k) * stride_qkv_col, mask=mask_k, other=0.0)
+    k = k.to(tl.float32)
+    v = tl.load(row + (2 * H * K + j * V + offs_v) * stride_qkv_col, mask=mask_v, other=0.0)
+    v = v.to(tl.float32)
+
+    # L2 norm with eps inside the root (SPEC step 2); sqrt_rn: IEEE sqrt, not the approximation.
+    q = scale * q / tl.sqrt_rn(tl.sum(q * q, axis=0) + NORM_EPS)
+    k = k / tl.sqrt_rn(tl.sum(k * k, axis=0) + NORM_EPS)
+
+    # Gates (SPEC step 3).
+    a = tl.load(a_ptr + i * stride_a_row + j * stride_a_col).to(tl.float32)
+    b = tl.load(b_ptr + i * stride_b_row + j * stride_b_col).to(tl.float32)
+    a_log = tl.load(a_log_ptr + j * stride_a_log).to(tl.float32)
+    dt_bias = tl.load(dt_bias_ptr + j * stride_dt_bias).to(tl.float32)
+    x = a + dt_bias
+    softplus = tl.maximum(x, tl.log(1.0 + tl.exp(tl.minimum(x, softplus_threshold))))
+    decay = tl.exp(-tl.exp(a_log) * softplus)
+    beta = 1.0 / (1.0 + tl.exp(-b))
+
+    # The (BV, K) tile of state_ref[slot, j]; K is the contiguous axis. int64 offsets: a pool of
+    # a few thousand Qwen3-Next slots already exceeds 2**31 elements.
+    tile = (state_ptr + (slot * HV + j) * (V * K)
+            + offs_v.to(tl.int64)[:, None] * K + offs_k[None, :])
+    # valid is folded in through a vector compare: the interpreter rejects a scalar-broadcast mask.
+    slot_v = tl.zeros([BV], dtype=tl.int64) + slot
+    live_v = mask_v & (slot_v > 0) & (slot_v < block_num)
+    mask_s = live_v[:, None] & mask_k[None, :]
+    s = tl.load(tile, mask=mask_s, other=0.0).to(tl.float32)
+
+    # Decay, delta rule, rank-one update (SPEC step 4), all in fp32.
+    s = s * decay
+    u = tl.sum(s * k[None, :], axis=1)
+    delta = beta * (v - u)
+    s = s + delta[:, None] * k[None, :]
+
+    # Output from the updated fp32 state (step 5); zeros for invalid rows.
+    o = tl.sum(s * q[None, :], axis=1)
+    o = tl.where(valid, o, 0.0)
+
+    # Round to nearest even (step 6). Compiled, .to() already does (cvt.rn); bf16 is rounded by
+    # hand because Triton's interpreter truncates fp32 -> bf16, and the tests run there. Same bit
+    # formula as torch (c10 round_to_nearest_even), NaN -> canonical quiet NaN.
+    if STATE_BF16:
+        bits = s.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        bits = tl.where(s != s, 0x7FC0, bits)
+        tl.store(tile, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask_s)
+    else:
+        tl.store(tile, s.to(state_ptr.dtype.element_ty), mask=mask_s)
+    out = out_ptr + row_head * V + offs_v
+    if OUT_BF16:
+        obits = o.to(tl.uint32, bitcast=True)
+        obits = (obits + 0x7FFF + ((obits >> 16) & 1)) >> 16
+        obits = tl.where(o != o, 0x7FC0, obits)
+        tl.store(out, obits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask_v)
+    else:
+        tl.store(out, o.to(out_ptr.dtype.element_ty), mask=mask_v)
+
+
+def _interpret_mode() -> bool:
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(interpret: bool):
+    # triton.jit picks compiled vs interpreted at decoration time; decorate lazily, once per mode.
+    del interpret  # only the cache key
+    return triton.jit(_kernel_body)
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    BK: int  # K extent held in registers (next power of two >= K)
+    BV: int  # value rows per program
+    num_warps: int
+
+
+# Per-(K, V, state dtype) overrides measured on hardware (benchmarks/gpu_check.py --sweep prints
+# candidates). Empty until a GPU session fills it; the rule below applies meanwhile.
+TUNED_TILES: dict = {}
+
+# Rule: about 8 KiB of state per program (2048 fp32 or 4096 16-bit elements), i.e. 32 fp32
+# registers per thread for the tile, enough bytes in flight per SM without spilling.
+_TILE_BYTES = 8192
+_ELEMS_PER_THREAD = 32
+
+
+@functools.lru_cache(maxsize=None)
+def tile_config(K: int, V: int, state_dtype: torch.dtype) -> TileConfig:
+    """Tile sizes for one (K, V, state dtype); cached, so no tuning on the decode hot path."""
+    key = (K, V, state_dtype)
+    if key in TUNED_TILES:
+        return TUNED_TILES[key]
+    bk = triton.next_power_of_2(K)
+    elem_bytes = torch.empty((), dtype=state_dtype).element_size()
+    budget = max(1, _TILE_BYTES // elem_bytes)
+    bv = max(1, min(triton.next_power_of_2(V), budget // bk))
+    warps = max(1, min(8, (bv * bk) // (32 * _ELEMS_PER_THREAD)))
+    return TileConfig(BK=bk, BV=bv, num_warps=warps)
+
+
+def fused_gdn_decode_triton(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_ref: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    scale: float,
+    softplus_threshold: float = 20.0,
+    *,
+    config: TileConfig = None,
+) -> torch.Tensor:
+    """Launches the kernel; inputs must already have passed the op's input check.
+
+    Works on CUDA tensors and, with ``TRITON_INTERPRET=1``, on CPU tensors. ``config`` overrides
+    the tile table (used by the GPU sweep). Returns out [B, 1, Hv, V] in mixed_qkv's dtype.
+    """
+    B = mixed_qkv.shape[0]
+    block_num, Hv, V, K = state_ref.shape
+    H = (mixed_qkv.shape[1] - Hv * V) // (2 * K)
+    cfg = config or tile_config(K, V, state_ref.dtype)
+    out = torch.empty((B, 1, Hv, V), dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+    grid = (B * Hv, triton.cdiv(V, cfg.BV))
+    _jitted(_interpret_mode())[grid](
+        mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, out,
+        float(scale), float(softplus_threshold), block_num,
+        mixed_qkv.stride(0), mixed_qkv.stride(1),
+        a.stride(0), a.stride(1),
+        b.stride(0), b.stride(1),
+        a_log.stride(0), dt_bias.stride(0), ssm_state_indices.stride(0),
+        H=H, HV=Hv, K=K, V=V, BK=cfg.BK, BV=cfg.BV,
+        STATE_BF16=state_ref.dtype == torch.bfloat16, OUT_BF16=out.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=1,
+    )
+    return out

@@ -1,0 +1,178 @@
+"""The Triton kernel on CPU tensors through Triton's interpreter, against the reference.
+
+The kernel is reached the way CUDA calls reach it: through the dispatcher's CUDA entry
+(``redispatch``), i.e. the registered, checked function, then the launcher. The interpreter is slow,
+so shapes are small; K = 136 and V = 8 / 48 cover non-powers of two and partial tiles.
+"""
+
+import os
+
+# Must be set before the kernel is first jitted (custom_ops.triton_kernel jits lazily).
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+from custom_ops import fallback, fused_gdn_decode_reference  # noqa: E402
+from custom_ops import triton_kernel as tk  # noqa: E402
+from utils import (  # noqa: E402
+    DTYPE_PAIRS, Case, call, check_against_reference, clone_inputs, make_inputs, short)
+
+OVERLOAD = torch.ops.custom.npu_fused_gdn_decode.default
+CUDA_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+
+if fallback.REGISTERED.get("CUDA") is not fallback.fused_gdn_decode_triton_checked:
+    pytest.skip("the CUDA key does not hold the Triton kernel", allow_module_level=True)
+
+
+def cuda_entry(*args, **kw):
+    """The op as the dispatcher runs it for CUDA tensors, here on CPU tensors."""
+    return OVERLOAD.redispatch(CUDA_KEYSET, *args, **kw)
+
+
+PAIR_IDS = [f"{short(d)}-{short(s)}" for d, s in DTYPE_PAIRS]
+
+
+@pytest.mark.parametrize("ratio", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype,state_dtype", DTYPE_PAIRS, ids=PAIR_IDS)
+def test_dtype_pairs_and_gqa(dtype, state_dtype, ratio):
+    H = 2 if ratio < 3 else 1
+    x = make_inputs(Case(B=2, H=H, Hv=H * ratio, K=64, V=16, dtype=dtype,
+                         state_dtype=state_dtype, seed=ratio))
+    check_against_reference(x, steps=2, fn=cuda_entry)
+
+
+@pytest.mark.parametrize("K,V", [(136, 8), (136, 48), (64, 48), (128, 8)])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=short)
+def test_odd_sizes(K, V, state_dtype):
+    # K = 136 fp32 rows have 32 bytes of padding: still accepted. V = 48 leaves a partial V tile.
+    x = make_inputs(Case(B=2, H=1, Hv=2, K=K, V=V, state_dtype=state_dtype, seed=K + V))
+    check_against_reference(x, fn=cuda_entry)
+
+
+def test_invalid_rows_write_zeros_and_leave_state():
+    x = make_inputs(Case(B=4, H=1, Hv=2, K=64, V=16, invalid_rows=(0, 3)))
+    # NaN in the invalid rows' inputs must not leak into their (zero) outputs.
+    x["mixed_qkv"][0] = float("nan")
+    before = x["state_ref"].clone()
+    ours, _ = check_against_reference(x, fn=cuda_entry)
+    out = call(cuda_entry, clone_inputs(x))
+    assert torch.count_nonzero(out[0]) == 0 and torch.count_nonzero(out[3]) == 0
+    touched = x["ssm_state_indices"][[1, 2]].long()
+    untouched = torch.ones(before.shape[0], dtype=torch.bool)
+    untouched[touched] = False
+    assert torch.equal(ours["state_ref"][untouched], before[untouched])
+
+
+def test_all_rows_invalid():
+    x = make_inputs(Case(B=2, H=1, Hv=2, K=64, V=8, invalid_rows=(0, 1)))
+    before = x["state_ref"].clone()
+    out = call(cuda_entry, x)
+    assert torch.count_nonzero(out) == 0 and torch.equal(x["state_ref"], before)
+
+
+def test_non_contiguous_inputs():
+    x = make_inputs(Case(B=3, H=1, Hv=2, K=64, V=16, invalid_rows=(1,), seed=7))
+    B, W = x["mixed_qkv"].shape
+    wide = torch.zeros(B, W + 24, dtype=x["mixed_qkv"].dtype)
+    wide[:, 8:8 + W] = x["mixed_qkv"]
+    every_other = torch.zeros(2 * x["a_log"].numel())
+    every_other[::2] = x["a_log"]
+    dt2 = torch.zeros(2 * x["dt_bias"].numel(), dtype=x["dt_bias"].dtype)
+    dt2[::2] = x["dt_bias"]
+    idx2 = torch.zeros(2 * B, dtype=torch.int32)
+    idx2[1::2] = x["ssm_state_indices"]
+    y = dict(x, mixed_qkv=wide[:, 8:8 + W], a_log=every_other[::2], dt_bias=dt2[::2],
+             ssm_state_indices=idx2[1::2],
+             a=x["a"].t().contiguous().t(), b=x["b"].t().contiguous().t())  # column-major a, b
+    for t in ("mixed_qkv", "a_log", "dt_bias", "ssm_state_indices", "a", "b"):
+        assert not y[t].is_contiguous(), t
+    check_against_reference(y, fn=cuda_entry)
+
+
+def test_several_v_tiles_and_forced_config():
+    # BV = 4 < V forces 4 programs per head; the result must not depend on the tiling.
+    x = make_inputs(Case(B=2, H=1, Hv=2, K=64, V=16))
+    cfg = tk.TileConfig(BK=64, BV=4, num_warps=1)
+    check_against_reference(x, fn=lambda *a, **kw: tk.fused_gdn_decode_triton(*a, config=cfg, **kw))
+
+
+def test_deterministic():
+    x = make_inputs(Case(B=2, H=1, Hv=2, K=64, V=16, state_dtype=torch.bfloat16))
+    runs = [clone_inputs(x) for _ in range(2)]
+    outs = [call(cuda_entry, r) for r in runs]
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(runs[0]["state_ref"], runs[1]["state_ref"])
+
+
+def test_softplus_threshold_passes_through():
+    x = make_inputs(Case(B=2, H=1, Hv=2, K=64, V=8))
+    x["a"].fill_(3.0)  # x = a + dt_bias around 3: the clamp at 1.0 changes the result
+    check_against_reference(x, fn=cuda_entry, softplus_threshold=1.0)
+
+
+def test_checks_run_first():
+    x = make_inputs(Case(B=2, H=1, Hv=2, K=64, V=8))
+    before = x["state_ref"].clone()
+    with pytest.raises(TypeError, match="a_log must have dtype Float"):
+        call(cuda_entry, dict(x, a_log=x["a_log"].half()))
+    with pytest.raises(ValueError, match="all tensors must be on one device"):
+        call(cuda_entry, dict(x, b=x["b"].to("meta")))
+    assert torch.equal(x["state_ref"], before)
+
+
+def test_index_checks_behind_debug_switch():
+    x = make_inputs(Case(B=3, H=1, Hv=2, K=64, V=8))
+    pool = x["state_ref"].shape[0]
+    out_of_range = dict(x, ssm_state_indices=torch.tensor([1, pool, 2], dtype=torch.int32))
+    repeated = dict(x, ssm_state_indices=torch.tensor([2, 0, 2], dtype=torch.int32))
+    old = fallback.set_check_indices(True)
+    try:
+        before = x["state_ref"].clone()
+        with pytest.raises(ValueError, match=r"ssm_state_indices\[1\] = .* is out of range"):
+            call(cuda_entry, out_of_range)
+        with pytest.raises(ValueError, match="must not repeat a positive slot"):
+            call(cuda_entry, repeated)
+        assert torch.equal(x["state_ref"], before)
+        fallback.set_check_indices(False)
+        # Unchecked, an out-of-range slot is still never dereferenced: row 1 gets zeros and the
+        # pool is untouched outside the two valid slots.
+        y = clone_inputs(out_of_range)
+        out = call(cuda_entry, y)
+        assert torch.count_nonzero(out[1]) == 0
+        keep = torch.ones(pool, dtype=torch.bool)
+        keep[[1, 2]] = False
+        assert torch.equal(y["state_ref"][keep], before[keep])
+    finally:
+        fallback.set_check_indices(old)
+
+
+@pytest.mark.parametrize("K,V,dtype", [(128, 128, torch.float32), (128, 128, torch.bfloat16),
+                                       (2032, 128, torch.float32), (136, 48, torch.float16),
+                                       (64, 8, torch.float32)])
+def test_tile_table(K, V, dtype):
+    cfg = tk.tile_config(K, V, dtype)
+    assert cfg.BK >= K and cfg.BK & (cfg.BK - 1) == 0
+    assert 1 <= cfg.BV <= triton.next_power_of_2(V) and cfg.BV & (cfg.BV - 1) == 0
+    assert cfg.num_warps in (1, 2, 4, 8)
+    elem = torch.empty((), dtype=dtype).element_size()
+    assert cfg.BV * cfg.BK * elem <= 16384 or cfg.BV == 1  # bounded registers per program
+    assert tk.tile_config(K, V, dtype) is cfg  # cached: no re-tuning per call
+
+
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float16], ids=short)
+def test_state_rounds_to_nearest_even(state_dtype):
+    # Kernel and reference differ only by fp32 summation order, so with the same rounding their
+    # 16-bit states agree bit for bit almost everywhere; truncation would differ in about half
+    # the elements and still pass the tolerance check above.
+    dtype = torch.float16 if state_dtype == torch.float16 else torch.bfloat16
+    x = make_inputs(Case(B=3, H=1, Hv=2, K=64, V=16, dtype=dtype, state_dtype=state_dtype))
+    ours, ref = check_against_reference(x, fn=cuda_entry)
+    rows = x["ssm_state_indices"].long()
+    same = (ours["state_ref"][rows] == ref["state_ref"][rows]).float().mean().item()
+    assert same > 0.99, f"only {same:.1%} of the updated state matches the reference bit for bit"
+    out, out_ref = call(cuda_entry, ours), call(fused_gdn_decode_reference, ref)
+    same_out = (out == out_ref).float().mean().item()
+    assert same_out > 0.9, f"only {same_out:.1%} of out matches the reference bit for bit"
