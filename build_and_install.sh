@@ -35,5 +35,10 @@ cp build/lib*/custom_ops/_C*.so custom_ops/
 
 if [ "$WITH_TEST_DEPS" = 1 ]; then
   "$PYTHON" -m pip install -q -r requirements-test.txt
+  # The Triton kernel's tests run it through Triton's CPU interpreter. --no-deps: triton must never
+  # bring another torch.
+  if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
+    "$PYTHON" -m pip install -q --no-deps "triton==${TRITON_VERSION:-3.9.0}"
+  fi
 fi
 "$PYTHON" -c "import custom_ops, torch; print('custom_ops installed: torch', torch.__version__, '| CPU kernel:', custom_ops.cpu_isa(), '| variants:', custom_ops.cpu_isas())"

@@ -12,12 +12,12 @@ TORCH_LIBRARY(custom, m) {
 
 namespace {
 
-// _C._cpu_isa() -> str: the CPU kernel variant in use ("avx2" or "portable").
+// _C._cpu_isa() -> str: the CPU kernel variant in use ("avx512", "avx2" or "portable").
 PyObject* py_cpu_isa(PyObject*, PyObject*) {
   return PyUnicode_FromString(custom_ops::cpu::isa_name(custom_ops::cpu::current_isa()));
 }
 
-// _C._set_cpu_isa(name) -> str: switch variant ("avx2", "portable" or "auto"); returns the
+// _C._set_cpu_isa(name) -> str: switch variant (see kernel.h: set_isa); returns the
 // previous one. Raises ValueError for an unknown name or one this CPU/build cannot run.
 PyObject* py_set_cpu_isa(PyObject*, PyObject* arg) {
   const char* name = PyUnicode_AsUTF8(arg);

@@ -27,7 +27,7 @@ __all__ = [
 
 
 def cpu_isa() -> str:
-    """The CPU kernel variant in use: ``"avx2"`` or ``"portable"``."""
+    """The CPU kernel variant in use: ``"avx512"``, ``"avx2"`` or ``"portable"``."""
     return _C._cpu_isa()
 
 
@@ -37,8 +37,8 @@ def cpu_isas() -> list:
 
 
 def set_cpu_isa(name: str) -> str:
-    """Select the CPU kernel variant (``"auto"``, ``"portable"`` or ``"avx2"``); returns the
-    previous one. ``CUSTOM_OPS_CPU_ISA=portable`` does the same at import time."""
+    """Select the CPU kernel variant (``"auto"``, ``"portable"``, ``"avx2"`` or ``"avx512"``);
+    returns the previous one. ``CUSTOM_OPS_CPU_ISA=<name>`` does the same at import time."""
     return _C._set_cpu_isa(name)
 
 

@@ -282,14 +282,27 @@ def write_plot(rows, backends, path, title):
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    rows = run(args)
-    machine = machine_description(args.device)
-    print(f"custom_ops.bench: npu_fused_gdn_decode on {args.device} ({machine}), torch "
-          f"{torch.__version__}, input {args.input_dtype}, K=V={args.head_dim}, "
-          f"pool = {args.pool_factor:g}*B+1 slots")
-    print(format_table(rows, args.backends))
+def run_cuda(args):
+    """--device cuda: the Triton kernel against FLA, compiled reference and a device copy
+    (custom_ops.triton_bench, which times with CUDA-graph replays)."""
+    from custom_ops import triton_bench
+
+    shapes = []
+    if args.shapes in ("all", "full"):
+        shapes.append((*QWEN3_NEXT, args.head_dim, args.head_dim))
+    if args.shapes in ("all", "shards"):
+        shapes += [(H, Hv, args.head_dim, args.head_dim) for H, Hv in TP_SHARDS]
+    rows = triton_bench.bench_cuda(
+        batch_sizes=tuple(args.batch), shapes=tuple(shapes),
+        state_dtypes=tuple(DTYPES[s] for s in args.state_dtype), dtype=DTYPES[args.input_dtype],
+        log=(lambda *a: None) if args.no_progress else (lambda *a: print(*a, file=sys.stderr)))
+    print(f"custom_ops.bench: npu_fused_gdn_decode on cuda ({torch.cuda.get_device_name()}), "
+          f"torch {torch.__version__}")
+    print(triton_bench.format_table(rows))
+    return rows
+
+
+def _write_tables(args, rows, machine):
     if args.csv:
         import csv
 
@@ -300,7 +313,24 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": args.device, "machine": machine, "torch": torch.__version__,
-                       "rows": rows}, f, indent=1)
+                       "rows": rows}, f, indent=1, default=str)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.device == "cuda":
+        if args.plot:
+            sys.exit("--plot is only supported for --device cpu/npu")
+        rows = run_cuda(args)
+        _write_tables(args, rows, machine=torch.cuda.get_device_name())
+        return 0
+    rows = run(args)
+    machine = machine_description(args.device)
+    print(f"custom_ops.bench: npu_fused_gdn_decode on {args.device} ({machine}), torch "
+          f"{torch.__version__}, input {args.input_dtype}, K=V={args.head_dim}, "
+          f"pool = {args.pool_factor:g}*B+1 slots")
+    print(format_table(rows, args.backends))
+    _write_tables(args, rows, machine)
     if args.plot:
         write_plot(rows, args.backends, args.plot, f"npu_fused_gdn_decode, {machine}")
     failed = [r for r in rows if not all(r[k] for k in r if k.endswith("_ok"))]
