@@ -116,7 +116,7 @@ def test_softplus_threshold_passes_through():
 def test_checks_run_first():
     x = make_inputs(Case(B=2, H=1, Hv=2, K=64, V=8))
     before = x["state_ref"].clone()
-    with pytest.raises(TypeError, match="a_log must have dtype Float"):
+    with pytest.raises(TypeError, match="a_log must have dtype torch.float32, but got torch.float16"):
         call(cuda_entry, dict(x, a_log=x["a_log"].half()))
     with pytest.raises(ValueError, match="all tensors must be on one device"):
         call(cuda_entry, dict(x, b=x["b"].to("meta")))
