@@ -1,7 +1,7 @@
 """The NPU (PrivateUse1) binding, driven through the real dispatcher without an NPU.
 
 Two test doubles, both built here from sources in tests/:
-- tests/fake_npu/fake_npu_device.cpp: a PrivateUse1 device backed by host memory (renamed "npu"),
+- tests/fake_npu/fake_npu_device.cpp: a PrivateUse1 device backed by host memory,
   with a device guard that has streams, and a stand-in for torch_npu's exported stream functions;
 - tests/fake_acl/fake_opapi.cpp: a fake vendor libcust_opapi.so that computes the op on host
   memory from the aclTensor descriptions alone, records every call and can be told to fail.
@@ -10,6 +10,7 @@ vendors/config.ini), so the loader's search order is tested too.
 """
 
 import ctypes
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -24,7 +25,16 @@ FAKE_SRC = os.path.join(HERE, "fake_acl", "fake_opapi.cpp")
 DEVICE_SRC = os.path.join(HERE, "fake_npu", "fake_npu_device.cpp")
 NPU = torch.ops.custom_ops_npu
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the fakes")
+DEV = "privateuseone"  # the PrivateUse1 backend's default name
+
+# The fake device registers itself as the PrivateUse1 backend, which a real one (torch_npu) owns.
+_REAL_BACKEND = (importlib.util.find_spec("torch_npu") is not None
+                 or torch._C._get_privateuse1_backend_name() != DEV)
+pytestmark = [
+    pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the fakes"),
+    pytest.mark.skipif(_REAL_BACKEND, reason="a real PrivateUse1 backend (torch_npu) is present; "
+                       "verify there with benchmarks/npu_vs_cpu.py (README_npu.md)"),
+]
 
 
 def _compile_fake(out_path, *defines):
@@ -45,15 +55,15 @@ def fake_builds(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def device():
-    """Loads the host-memory PrivateUse1 device and names it "npu"; returns its library path."""
+    """Loads the host-memory PrivateUse1 device; returns its library path. The backend keeps its
+    default name, "privateuseone" (no rename to "npu" and no torch.npu module, so other test files
+    in the same session that look for torch.npu are not misled)."""
     from torch.utils.cpp_extension import load
 
     path = load(name="custom_ops_fake_npu_device", sources=[DEVICE_SRC], is_python_module=False,
                 extra_cflags=["-O1"], verbose=False)
-    if torch._C._get_privateuse1_backend_name() != "npu":
-        torch.utils.rename_privateuse1_backend("npu")
-    if not hasattr(torch, "npu"):
-        torch._register_device_module("npu", _device_module())
+    if not hasattr(torch, DEV):
+        torch._register_device_module(DEV, _device_module())
     return path
 
 
@@ -123,7 +133,7 @@ def to_npu(t):
     """Moves t to the fake npu keeping its exact view: same storage size, strides and offset."""
     n = t.untyped_storage().nbytes() // t.element_size()
     flat = t.new_empty(0).set_(t.untyped_storage(), 0, (n,), (1,))
-    return flat.to("npu").as_strided(t.size(), t.stride(), t.storage_offset())
+    return flat.to(DEV).as_strided(t.size(), t.stride(), t.storage_offset())
 
 
 def npu_inputs(inputs):
@@ -137,7 +147,7 @@ def run_both(inputs, **kw):
     dev = npu_inputs(inputs)
     out_cpu = call(OP, cpu, **kw)
     out_npu = call(OP, dev, **kw)
-    assert out_npu.device.type == "npu"
+    assert out_npu.device.type == DEV
     assert out_npu.shape == out_cpu.shape and out_npu.dtype == out_cpu.dtype
     assert out_npu.is_contiguous()
     return out_cpu, cpu["state_ref"], out_npu.cpu(), dev["state_ref"].cpu()
