@@ -3,7 +3,8 @@
 //
 // It provides what the binding and the tests touch: a host allocator that knows which blocks are
 // live (the fake vendor library asks it whether the workspace and tensor storages are still
-// allocated at launch), empty/empty_strided/as_strided/view/_copy_from kernels, a device guard
+// allocated at launch), empty/empty_strided/as_strided/view/_copy_from kernels (everything else
+// falls back to the CPU through copies), a device guard
 // with per-thread current streams and native handles, and a stand-in for the two torch_npu C++
 // functions the binding looks up by mangled name (c10_npu::getCurrentNPUStream and
 // NPUStream::stream), declared as torch_npu's NPUStream.h declares them.
@@ -16,6 +17,8 @@
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/resize_native.h>
+#include <ATen/native/CPUFallback.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -123,6 +126,14 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
   return dst;
 }
 
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.sizes() != self.sizes()) {
+    // The storage keeps our allocator, so the CPU resize logic grows it on this device.
+    at::native::resize_(dst, self.sizes(), std::nullopt);
+  }
+  return copy_from(self, dst, false);
+}
+
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& v) {
   host_alias(self).fill_(v);
   return self;
@@ -181,9 +192,23 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", &fake_npu::empty_memory_format);
   m.impl("empty_strided", &fake_npu::empty_strided);
   m.impl("_copy_from", &fake_npu::copy_from);
+  m.impl("_copy_from_and_resize", &fake_npu::copy_from_and_resize);
   m.impl("fill_.Scalar", &fake_npu::fill_scalar);
   m.impl("as_strided", &at::native::as_strided_tensorimpl);
   m.impl("view", &at::native::view);
+}
+
+// Every other aten op runs on the CPU through copies (torch.library.opcheck compares results
+// with ops like eq); custom::npu_fused_gdn_decode has its own PrivateUse1 kernel, so this never
+// stands in for the binding under test.
+namespace {
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  at::native::cpu_fallback(op, stack);
+}
+} // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
 }
 
 namespace {
