@@ -159,7 +159,7 @@ def run_both(inputs, **kw):
 
 def assert_balanced(lib):
     assert lib.count("live_tensors") == 0, "aclTensors leaked"
-    assert lib.count("aclCreateTensor") == lib.count("aclDestroyTensor")
+    assert lib.count("tensors_made") == lib.count("aclDestroyTensor")
     assert lib.count("live_executors") == 0, "executor leaked"
     assert lib.count("bad_destroy") == 0, "double or foreign destroy"
 
@@ -294,6 +294,18 @@ def test_vendor_status_becomes_runtime_error(fake, phase, status, meaning, call_
     assert "injected: tiling rejected the shape" in msg  # aclGetRecentErrMsg
     assert fake.path in msg
     assert torch.equal(inputs["state_ref"].cpu(), state_before)
+    assert_balanced(fake)
+
+
+@pytest.mark.parametrize("nth", [1, 5, 8])
+def test_create_tensor_failure_releases_the_others(fake, nth):
+    fake.fake_acl_fail(3, nth, b"injected: out of host memory")
+    inputs = npu_inputs(make_inputs(Case()))
+    names = ["mixed_qkv", "a", "b", "a_log", "dt_bias", "state_ref", "ssm_state_indices", "out"]
+    with pytest.raises(RuntimeError, match=f"aclCreateTensor returned null for {names[nth - 1]} "):
+        call(OP, inputs)
+    assert fake.count("GetWorkspaceSize") == 0
+    assert fake.count("aclDestroyTensor") == nth - 1
     assert_balanced(fake)
 
 

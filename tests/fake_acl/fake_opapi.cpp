@@ -225,8 +225,12 @@ EXPORT aclTensor* aclCreateTensor(const int64_t* view_dims, uint64_t view_dims_n
                                   const int64_t* storage_dims, uint64_t storage_dims_num,
                                   void* tensor_data) {
   std::lock_guard<std::mutex> lock(g_mu);
-  g_count["aclCreateTensor"]++;
+  const int64_t nth = ++g_count["aclCreateTensor"];
   g_log += "C ";
+  if (g_fail_phase == 3 && nth == g_fail_status) {  // phase 3: the n-th create fails
+    g_error = g_fail_msg;
+    return nullptr;
+  }
   if ((view_dims_num > 0 && (view_dims == nullptr || stride == nullptr)) ||
       storage_dims == nullptr || storage_dims_num == 0 || item_size(data_type) == 0) {
     g_error = "aclCreateTensor: bad arguments";
@@ -241,6 +245,7 @@ EXPORT aclTensor* aclCreateTensor(const int64_t* view_dims, uint64_t view_dims_n
   t->format = format;
   t->data = tensor_data;
   g_tensors.insert(t);
+  g_count["tensors_made"]++;
   return t;
 }
 
@@ -430,7 +435,8 @@ EXPORT void fake_acl_set_workspace_size(uint64_t n) {
   g_workspace_size = n;
 }
 
-// phase 1: GetWorkspaceSize, 2: the launch, 0: no failure.
+// phase 1: GetWorkspaceSize, 2: the launch (returning `status`); 3: the `status`-th
+// aclCreateTensor returns null; 0: no failure.
 EXPORT void fake_acl_fail(int phase, int status, const char* msg) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_fail_phase = phase;
