@@ -10,7 +10,8 @@ custom_ops installed (README_npu.md):
 For each shape and (input, state) dtype pair it runs several decode steps on the NPU and on the
 CPU from the same inputs (a and b as column slices of one projection, some invalid rows) and
 compares the output and the whole state pool after every step, with the tolerances of the test
-suite. It also checks that the op honours the current stream and work queued just before it.
+suite. It also checks strided views and storage offsets (state_ref inside a larger buffer) and
+that the op honours the current stream and work queued just before it.
 Exit status 0 only if everything matched.
 """
 
@@ -56,18 +57,28 @@ def short(dt):
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dt]
 
 
-def make_inputs(B, H, Hv, K, V, dtype, state_dtype, seed=0):
+def make_inputs(B, H, Hv, K, V, dtype, state_dtype, seed=0, views=False):
+    """One call's inputs; with views=True, mixed_qkv is a column window of a wider buffer,
+    a_log/dt_bias/indices are strided views and state_ref starts at a storage offset."""
     g = torch.Generator().manual_seed(seed)
     pool = 2 * B + 2
     rnd = lambda *s, scale=1.0, dt=torch.float32: (torch.randn(*s, generator=g) * scale).to(dt)
+    W = 2 * H * K + Hv * V
     ab = rnd(B, 2 * Hv, dt=dtype)
     idx = (torch.randperm(pool - 1, generator=g)[:B] + 1).to(torch.int32)
     idx[1::7] = 0  # some invalid rows (slot 0 is the null slot)
-    return dict(
-        mixed_qkv=rnd(B, 2 * H * K + Hv * V, dt=dtype), a=ab[:, :Hv], b=ab[:, Hv:],
+    x = dict(
+        mixed_qkv=rnd(B, W, dt=dtype), a=ab[:, :Hv], b=ab[:, Hv:],
         a_log=rnd(Hv, scale=0.5), dt_bias=rnd(Hv, scale=0.5, dt=dtype),
         state_ref=rnd(pool, Hv, V, K, scale=0.5, dt=state_dtype), ssm_state_indices=idx,
         scale=K ** -0.5)
+    if views:
+        x["mixed_qkv"] = torch.cat([rnd(B, 3, dt=dtype), x["mixed_qkv"], rnd(B, 5, dt=dtype)],
+                                   1)[:, 3:3 + W]
+        for name in ("a_log", "dt_bias", "ssm_state_indices"):
+            x[name] = torch.stack([x[name], torch.zeros_like(x[name])], 1)[:, 0]
+        x["state_ref"] = torch.cat([rnd(1, Hv, V, K, dt=state_dtype), x["state_ref"]])[1:]
+    return x
 
 
 def to_device(t, device):
@@ -91,8 +102,8 @@ def close(actual, expected):
         return str(e).splitlines()[0] + " " + " ".join(str(e).splitlines()[1:4])
 
 
-def check(device, name, B, H, Hv, K, V, dtype, state_dtype, steps):
-    cpu = make_inputs(B, H, Hv, K, V, dtype, state_dtype)
+def check(device, name, B, H, Hv, K, V, dtype, state_dtype, steps, views=False):
+    cpu = make_inputs(B, H, Hv, K, V, dtype, state_dtype, views=views)
     npu = {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in cpu.items()}
     cpu["state_ref"] = cpu["state_ref"].clone()
     errors = []
@@ -172,6 +183,15 @@ def main():
                 print(f"{'FAIL' if errors else 'ok  '} {tag}")
                 for e in errors:
                     print(f"     {e}")
+    # Views and storage offsets (state_ref at a non-zero offset inside its storage).
+    for dtype, state_dtype in DTYPE_PAIRS:
+        errors = check(args.device, "views", 9, 2, 4, 128, 128, dtype, state_dtype, args.steps,
+                       views=True)
+        failures += bool(errors)
+        print(f"{'FAIL' if errors else 'ok  '} strided views + storage offsets "
+              f"{short(dtype)}/{short(state_dtype)}")
+        for e in errors:
+            print(f"     {e}")
     errors = check_stream(args.device)
     failures += bool(errors)
     print(f"{'FAIL' if errors else 'ok  '} side stream + queued producer")
