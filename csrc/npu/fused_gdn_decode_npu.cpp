@@ -1,7 +1,7 @@
 // NPU (PrivateUse1) implementation of custom::npu_fused_gdn_decode: the shared input check, then
 // CANN's two-phase aclnnFusedGdnDecode, bound at run time (vendor_loader.cpp).
 #include <cstdlib>
-#include <sstream>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -185,17 +185,6 @@ at::Tensor npu_fused_gdn_decode_npu(
   return out;
 }
 
-namespace {
-
-std::string vendor_info() {
-  return describe_vendor();
-}
-
-void reset_vendor() {
-  reset_vendor_api();
-}
-
-} // namespace
 } // namespace custom_ops::npu
 
 TORCH_LIBRARY_IMPL(custom, PrivateUse1, m) {
@@ -206,6 +195,6 @@ TORCH_LIBRARY_IMPL(custom, PrivateUse1, m) {
 // mirror onto torch_npu): vendor_info() says which libraries and stream source are in use (or why
 // none were found); reset_vendor() makes the next call search again (tests, changed environment).
 TORCH_LIBRARY(custom_ops_npu, m) {
-  m.def("vendor_info() -> str", &custom_ops::npu::vendor_info);
-  m.def("reset_vendor() -> ()", &custom_ops::npu::reset_vendor);
+  m.def("vendor_info() -> str", &custom_ops::npu::describe_vendor);
+  m.def("reset_vendor() -> ()", &custom_ops::npu::reset_vendor_api);
 }
