@@ -371,8 +371,8 @@ def test_stream_from_device_guard(fake):
 def test_stream_from_torch_npu_api(fake, env, device):
     # The device library also defines c10_npu::getCurrentNPUStream / NPUStream::stream as
     # torch_npu declares them; point the binding at it as if it were libtorch_npu.so.
-    env.setenv("CUSTOM_OPS_TORCH_NPU_LIB", device)
-    NPU.reset_vendor()
+    assert "device guard" in NPU.vendor_info()  # a look before "torch_npu" is loaded...
+    env.setenv("CUSTOM_OPS_TORCH_NPU_LIB", device)  # ...is not final
     _, shim_base = torch.ops.fake_npu.handle_bases()
     calls0, flushes0, _ = torch.ops.fake_npu.stats()
     inputs = npu_inputs(make_inputs(Case()))

@@ -287,7 +287,9 @@ std::shared_ptr<const StreamProvider> g_stream;
 
 std::shared_ptr<const StreamProvider> stream_provider() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (!g_stream) {
+  // Only finding torch_npu's API is final: torch_npu may be imported after a first look (e.g. a
+  // vendor_info() call), so the fallback is looked at again each time.
+  if (!g_stream || g_stream->get_current == nullptr) {
     g_stream = find_stream_provider();
   }
   return g_stream;
