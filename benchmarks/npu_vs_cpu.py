@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Compare custom.npu_fused_gdn_decode on an Ascend NPU (A2/A3) with the CPU path, and time both.
+
+Run on a host with CANN, the FusedGdnDecode op package (its set_env.bash sourced), torch_npu and
+custom_ops installed (README_npu.md):
+
+    python benchmarks/npu_vs_cpu.py              # all checks + timings
+    python benchmarks/npu_vs_cpu.py --quick      # a few small shapes, no timings
+
+For each shape and (input, state) dtype pair it runs several decode steps on the NPU and on the
+CPU from the same inputs (a and b as column slices of one projection, some invalid rows) and
+compares the output and the whole state pool after every step, with the tolerances of the test
+suite. It also checks strided views and storage offsets (state_ref inside a larger buffer) and
+that the op honours the current stream and work queued just before it.
+Exit status 0 only if everything matched.
+"""
+
+import argparse
+import sys
+import time
+
+import torch
+
+try:
+    import torch_npu  # noqa: F401  (registers the "npu" device)
+except ImportError:
+    sys.exit("torch_npu is not installed: this script needs an Ascend NPU host (README_npu.md)")
+import custom_ops  # noqa: F401  (registers custom.npu_fused_gdn_decode)
+
+OP = torch.ops.custom.npu_fused_gdn_decode
+
+# Same table as tests/utils.py (atol, rtol).
+TOL = {
+    torch.float32: (2e-5, 2e-5),
+    torch.bfloat16: (1e-2, 1.6e-2),
+    torch.float16: (1e-3, 2e-3),
+}
+DTYPE_PAIRS = [
+    (torch.bfloat16, torch.float32),
+    (torch.float16, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float16, torch.float16),
+]
+# (name, H, Hv, K, V): Qwen3-Next-80B-A3B and its TP shards; Qwen3.5 ratios 3 and 4.
+SHAPES = [
+    ("qwen3-next", 16, 32, 128, 128),
+    ("qwen3-next-tp2", 8, 16, 128, 128),
+    ("qwen3-next-tp4", 4, 8, 128, 128),
+    ("qwen3-next-tp8", 2, 4, 128, 128),
+    ("qwen3.5-hv48", 16, 48, 128, 128),
+    ("qwen3.5-hv64", 16, 64, 128, 128),
+]
+QUICK_SHAPES = [("small", 2, 4, 64, 16), ("qwen3-next-tp8", 2, 4, 128, 128)]
+
+
+def short(dt):
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dt]
+
+
+def make_inputs(B, H, Hv, K, V, dtype, state_dtype, seed=0, views=False):
+    """One call's inputs; with views=True, mixed_qkv is a column window of a wider buffer,
+    a_log/dt_bias/indices are strided views and state_ref starts at a storage offset."""
+    g = torch.Generator().manual_seed(seed)
+    pool = 2 * B + 2
+    rnd = lambda *s, scale=1.0, dt=torch.float32: (torch.randn(*s, generator=g) * scale).to(dt)
+    W = 2 * H * K + Hv * V
+    ab = rnd(B, 2 * Hv, dt=dtype)
+    idx = (torch.randperm(pool - 1, generator=g)[:B] + 1).to(torch.int32)
+    idx[1::7] = 0  # some invalid rows (slot 0 is the null slot)
+    x = dict(
+        mixed_qkv=rnd(B, W, dt=dtype), a=ab[:, :Hv], b=ab[:, Hv:],
+        a_log=rnd(Hv, scale=0.5), dt_bias=rnd(Hv, scale=0.5, dt=dtype),
+        state_ref=rnd(pool, Hv, V, K, scale=0.5, dt=state_dtype), ssm_state_indices=idx,
+        scale=K ** -0.5)
+    if views:
+        x["mixed_qkv"] = torch.cat([rnd(B, 3, dt=dtype), x["mixed_qkv"], rnd(B, 5, dt=dtype)],
+                                   1)[:, 3:3 + W]
+        for name in ("a_log", "dt_bias", "ssm_state_indices"):
+            x[name] = torch.stack([x[name], torch.zeros_like(x[name])], 1)[:, 0]
+        x["state_ref"] = torch.cat([rnd(1, Hv, V, K, dt=state_dtype), x["state_ref"]])[1:]
+    return x
+
+
+def to_device(t, device):
+    """Copies t to `device` keeping its view (strides, storage offset) over a copy of its storage."""
+    n = t.untyped_storage().nbytes() // t.element_size()
+    flat = t.new_empty(0).set_(t.untyped_storage(), 0, (n,), (1,))
+    return flat.to(device).as_strided(t.size(), t.stride(), t.storage_offset())
+
+
+def run(fn, x):
+    return fn(x["mixed_qkv"], x["a"], x["b"], x["a_log"], x["dt_bias"], x["state_ref"],
+              x["ssm_state_indices"], x["scale"])
+
+
+def close(actual, expected):
+    atol, rtol = TOL[expected.dtype]
+    try:
+        torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol)
+        return None
+    except AssertionError as e:
+        return str(e).splitlines()[0] + " " + " ".join(str(e).splitlines()[1:4])
+
+
+def check(device, name, B, H, Hv, K, V, dtype, state_dtype, steps, views=False):
+    cpu = make_inputs(B, H, Hv, K, V, dtype, state_dtype, views=views)
+    npu = {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in cpu.items()}
+    cpu["state_ref"] = cpu["state_ref"].clone()
+    errors = []
+    for step in range(steps):
+        out_cpu = run(OP, cpu)
+        out_npu = run(OP, npu)
+        for what, a, e in (("out", out_npu.cpu(), out_cpu),
+                           ("state", npu["state_ref"].cpu(), cpu["state_ref"])):
+            err = close(a, e)
+            if err:
+                errors.append(f"step {step} {what}: {err}")
+    return errors
+
+
+def check_stream(device):
+    """On a side stream, with the inputs produced by ops queued just before the call (no sync):
+    a binding that used another stream or skipped torch_npu's queue flush would read stale data."""
+    cpu = make_inputs(64, 4, 8, 128, 128, torch.bfloat16, torch.float32, seed=1)
+    src = {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in cpu.items()}
+    cpu["state_ref"] = cpu["state_ref"].clone()
+    out_cpu = run(OP, cpu)
+    s = torch.npu.Stream()
+    s.wait_stream(torch.npu.current_stream())
+    with torch.npu.stream(s):
+        x = dict(src)
+        x["mixed_qkv"] = src["mixed_qkv"] * 1  # queued on s right before the op
+        x["state_ref"] = src["state_ref"].clone()
+        out = run(OP, x)
+        out = out.clone()  # queued after the op, on the same stream
+    torch.npu.synchronize()
+    return [e for e in (close(out.cpu(), out_cpu), close(x["state_ref"].cpu(), cpu["state_ref"]))
+            if e]
+
+
+def timing(device, B, H, Hv, K, V, dtype, state_dtype, iters):
+    cpu = make_inputs(B, H, Hv, K, V, dtype, state_dtype)
+    npu = {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in cpu.items()}
+    for _ in range(5):
+        run(OP, npu)
+    torch.npu.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        run(OP, npu)
+    torch.npu.synchronize()
+    t_npu = (time.perf_counter() - t0) / iters
+    run(OP, cpu)
+    t0 = time.perf_counter()
+    n_cpu = max(1, iters // 10)
+    for _ in range(n_cpu):
+        run(OP, cpu)
+    t_cpu = (time.perf_counter() - t0) / n_cpu
+    return t_npu, t_cpu
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="npu:0")
+    p.add_argument("--quick", action="store_true", help="small shapes only, no timings")
+    p.add_argument("--steps", type=int, default=3, help="decode steps per check")
+    p.add_argument("--batches", default="1,8,64,256")
+    p.add_argument("--iters", type=int, default=100)
+    args = p.parse_args()
+
+    torch.npu.set_device(args.device)
+    print("custom_ops NPU binding:")
+    print("  " + torch.ops.custom_ops_npu.vendor_info().strip().replace("\n", "\n  "))
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    batches = [1, 8] if args.quick else [int(b) for b in args.batches.split(",")]
+
+    failures = 0
+    for name, H, Hv, K, V in shapes:
+        for dtype, state_dtype in DTYPE_PAIRS:
+            for B in batches:
+                tag = f"{name} B={B} H={H} Hv={Hv} K={K} V={V} {short(dtype)}/{short(state_dtype)}"
+                errors = check(args.device, name, B, H, Hv, K, V, dtype, state_dtype, args.steps)
+                failures += bool(errors)
+                print(f"{'FAIL' if errors else 'ok  '} {tag}")
+                for e in errors:
+                    print(f"     {e}")
+    # Views and storage offsets (state_ref at a non-zero offset inside its storage).
+    for dtype, state_dtype in DTYPE_PAIRS:
+        errors = check(args.device, "views", 9, 2, 4, 128, 128, dtype, state_dtype, args.steps,
+                       views=True)
+        failures += bool(errors)
+        print(f"{'FAIL' if errors else 'ok  '} strided views + storage offsets "
+              f"{short(dtype)}/{short(state_dtype)}")
+        for e in errors:
+            print(f"     {e}")
+    errors = check_stream(args.device)
+    failures += bool(errors)
+    print(f"{'FAIL' if errors else 'ok  '} side stream + queued producer")
+    for e in errors:
+        print(f"     {e}")
+
+    if not args.quick:
+        print("\ntimings (per call; NPU includes launch, CPU on this host's cores):")
+        for name, H, Hv, K, V in shapes[:3]:
+            for B in batches:
+                t_npu, t_cpu = timing(args.device, B, H, Hv, K, V, torch.bfloat16,
+                                      torch.float32, args.iters)
+                print(f"  {name:16s} B={B:4d} bf16/fp32  npu {t_npu * 1e6:9.1f} us   "
+                      f"cpu {t_cpu * 1e6:9.1f} us")
+
+    print(f"\n{'ALL MATCHED' if failures == 0 else f'{failures} CHECK(S) FAILED'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+// Run-time binding to the vendor pieces of the NPU path: the aclnn entry points of the
+// FusedGdnDecode op package, the ACL tensor API they take, and the current aclrtStream of
+// torch_npu. Nothing is linked: everything is found with dlopen/dlsym at first use, so the
+// extension builds and imports on hosts without CANN or torch_npu.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <c10/core/Device.h>
+
+#include "npu/acl_api.h"
+
+namespace custom_ops::npu {
+
+struct VendorApi {
+  std::string op_library;    // library that provided the two aclnn entry points
+  std::string meta_library;  // where aclCreateTensor/aclDestroyTensor came from
+  aclnnFusedGdnDecodeGetWorkspaceSizeFn get_workspace_size = nullptr;
+  aclnnFusedGdnDecodeFn launch = nullptr;
+  aclCreateTensorFn create_tensor = nullptr;
+  aclDestroyTensorFn destroy_tensor = nullptr;
+  // Optional: used only when present.
+  aclGetRecentErrMsgFn recent_error = nullptr;
+  aclSetAclOpExecutorRepeatableFn set_executor_repeatable = nullptr;
+  aclDestroyAclOpExecutorFn destroy_executor = nullptr;
+};
+
+// The vendor API, searched for at first use (SPEC.md order): each ASCEND_CUSTOM_OPP_PATH entry's
+// op_api/lib/libcust_opapi.so, then $ASCEND_OPP_PATH/vendors/<name>/op_api/lib/libcust_opapi.so in
+// vendors/config.ini load_priority order, then the built-in libopapi libraries. Throws a
+// RuntimeError listing every place searched and why each was skipped.
+std::shared_ptr<const VendorApi> vendor_api();
+
+// Forgets the cached result (and the stream provider) so the next call searches again with the
+// current environment. Libraries already opened stay loaded. For tests and diagnostics.
+void reset_vendor_api();
+
+// The error text of the vendor's last failure, or "" when none can be had.
+std::string recent_vendor_error(const VendorApi& api);
+
+// The aclrtStream of the current stream of `device` (a PrivateUse1 device), see vendor_loader.cpp.
+aclrtStream current_acl_stream(const c10::Device& device);
+
+// One line per resolved piece (libraries, stream provider), or the search error. For
+// torch.ops.custom_ops_npu.vendor_info() and the README's verification step.
+std::string describe_vendor();
+
+} // namespace custom_ops::npu

@@ -1,0 +1,482 @@
+"""The NPU (PrivateUse1) binding, driven through the real dispatcher without an NPU.
+
+Two test doubles, both built here from sources in tests/:
+- tests/fake_npu/fake_npu_device.cpp: a PrivateUse1 device backed by host memory,
+  with a device guard that has streams, and a stand-in for torch_npu's exported stream functions;
+- tests/fake_acl/fake_opapi.cpp: a fake vendor libcust_opapi.so that computes the op on host
+  memory from the aclTensor descriptions alone, records every call and can be told to fail.
+The binding finds the fake library the way it finds the real one (ASCEND_CUSTOM_OPP_PATH, then
+vendors/config.ini), so the loader's search order is tested too.
+"""
+
+import ctypes
+import importlib.util
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from utils import DTYPE_PAIRS, OP, Case, assert_close, call, make_inputs, short
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE_SRC = os.path.join(HERE, "fake_acl", "fake_opapi.cpp")
+DEVICE_SRC = os.path.join(HERE, "fake_npu", "fake_npu_device.cpp")
+NPU = torch.ops.custom_ops_npu
+
+DEV = "privateuseone"  # the PrivateUse1 backend's default name
+
+# The fake device registers itself as the PrivateUse1 backend, which a real one (torch_npu) owns.
+_REAL_BACKEND = (importlib.util.find_spec("torch_npu") is not None
+                 or torch._C._get_privateuse1_backend_name() != DEV)
+pytestmark = [
+    pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the fakes"),
+    pytest.mark.skipif(_REAL_BACKEND, reason="a real PrivateUse1 backend (torch_npu) is present; "
+                       "verify there with benchmarks/npu_vs_cpu.py (README_npu.md)"),
+]
+
+
+def _compile_fake(out_path, *defines):
+    subprocess.run(
+        ["g++", "-std=c++17", "-O2", "-Wall", "-Wno-unused-function", "-shared", "-fPIC",
+         *defines, FAKE_SRC, "-o", str(out_path)],
+        check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="session")
+def fake_builds(tmp_path_factory):
+    """The fake vendor library (and a variant without the op), compiled once per session."""
+    d = tmp_path_factory.mktemp("fake_acl_build")
+    _compile_fake(d / "with_op.so")
+    _compile_fake(d / "without_op.so", "-DFAKE_WITHOUT_OP")
+    return d
+
+
+@pytest.fixture(scope="session")
+def device():
+    return load_device()
+
+
+def load_device():
+    """Loads the host-memory PrivateUse1 device; returns its library path. The backend keeps its
+    default name, "privateuseone" (no rename to "npu" and no torch.npu module, so other test files
+    in the same session that look for torch.npu are not misled)."""
+    from torch.utils.cpp_extension import load
+
+    path = load(name="custom_ops_fake_npu_device", sources=[DEVICE_SRC], is_python_module=False,
+                extra_cflags=["-O1"], verbose=False)
+    if not hasattr(torch, DEV):
+        torch._register_device_module(DEV, _device_module())
+    return path
+
+
+def _device_module():
+    """The few torch.npu functions torch's Python side asks a PrivateUse1 backend for."""
+    import types
+
+    m = types.ModuleType("fake_torch_npu")
+    m.is_available = lambda: True
+    m.device_count = lambda: 1
+    m.current_device = lambda: 0
+    m.is_initialized = lambda: True
+    m._lazy_init = lambda: None
+    m._is_in_bad_fork = lambda: False
+    m.manual_seed_all = lambda seed: None
+    return m
+
+
+def install(root, builds, variant="with_op.so"):
+    """Lays out <root>/op_api/lib/libcust_opapi.so (a copy: each path is its own loaded instance,
+    so each has its own counters)."""
+    lib_dir = root / "op_api" / "lib"
+    lib_dir.mkdir(parents=True)
+    shutil.copy(builds / variant, lib_dir / "libcust_opapi.so")
+    return str(lib_dir / "libcust_opapi.so")
+
+
+def open_fake(path):
+    lib = ctypes.CDLL(path)  # the same instance the binding loaded (dlopen dedups by path)
+    lib.fake_acl_counter.restype = ctypes.c_int64
+    lib.fake_acl_counter.argtypes = [ctypes.c_char_p]
+    lib.fake_acl_log.restype = ctypes.c_char_p
+    lib.fake_acl_last_stream.restype = ctypes.c_size_t
+    lib.fake_acl_set_workspace_size.argtypes = [ctypes.c_uint64]
+    lib.fake_acl_fail.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p]
+    lib.fake_acl_set_live_checker.argtypes = [ctypes.c_void_p]
+    lib.count = lambda name: lib.fake_acl_counter(name.encode())
+    return lib
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """A clean vendor environment; the binding searches again in every test."""
+    for var in ("ASCEND_CUSTOM_OPP_PATH", "ASCEND_OPP_PATH", "CUSTOM_OPS_TORCH_NPU_LIB",
+                "CUSTOM_OPS_NPU_CHECK_INDICES"):
+        monkeypatch.delenv(var, raising=False)
+    NPU.reset_vendor()
+    yield monkeypatch
+    NPU.reset_vendor()
+
+
+@pytest.fixture
+def fake(env, tmp_path, fake_builds, device):
+    """The fake vendor library, found through ASCEND_CUSTOM_OPP_PATH, with counters reset and the
+    device's liveness check plugged in."""
+    path = install(tmp_path / "custom", fake_builds)
+    env.setenv("ASCEND_CUSTOM_OPP_PATH", str(tmp_path / "custom"))
+    lib = open_fake(path)
+    lib.fake_acl_reset()
+    lib.fake_acl_set_live_checker(ctypes.c_void_p(torch.ops.fake_npu.live_checker()))
+    lib.path = path
+    yield lib
+    lib.fake_acl_set_live_checker(None)
+
+
+def to_npu(t):
+    """Moves t to the fake npu keeping its exact view: same storage size, strides and offset."""
+    n = t.untyped_storage().nbytes() // t.element_size()
+    flat = t.new_empty(0).set_(t.untyped_storage(), 0, (n,), (1,))
+    return flat.to(DEV).as_strided(t.size(), t.stride(), t.storage_offset())
+
+
+def npu_inputs(inputs):
+    return {k: (to_npu(v) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def run_both(inputs, **kw):
+    """Runs the CPU op and the npu binding on copies of the same inputs; returns
+    (cpu out, cpu state, npu out, npu state), the npu results back on the CPU."""
+    cpu = dict(inputs, state_ref=inputs["state_ref"].clone())
+    dev = npu_inputs(inputs)
+    out_cpu = call(OP, cpu, **kw)
+    out_npu = call(OP, dev, **kw)
+    assert out_npu.device.type == DEV
+    assert out_npu.shape == out_cpu.shape and out_npu.dtype == out_cpu.dtype
+    assert out_npu.is_contiguous()
+    return out_cpu, cpu["state_ref"], out_npu.cpu(), dev["state_ref"].cpu()
+
+
+def assert_balanced(lib):
+    assert lib.count("live_tensors") == 0, "aclTensors leaked"
+    assert lib.count("tensors_made") == lib.count("aclDestroyTensor")
+    assert lib.count("live_executors") == 0, "executor leaked"
+    assert lib.count("bad_destroy") == 0, "double or foreign destroy"
+
+
+# ---- results ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,state_dtype", DTYPE_PAIRS,
+                         ids=[f"{short(a)}-{short(b)}" for a, b in DTYPE_PAIRS])
+def test_matches_cpu(fake, dtype, state_dtype):
+    case = Case(B=4, H=2, Hv=4, K=64, V=16, dtype=dtype, state_dtype=state_dtype,
+                invalid_rows=(1, 2))
+    inputs = make_inputs(case)
+    state_before = inputs["state_ref"].clone()
+    out_cpu, state_cpu, out_npu, state_npu = run_both(inputs, softplus_threshold=2.0)
+    assert_close(out_npu, out_cpu, "out")
+    assert_close(state_npu, state_cpu, "state")
+    assert (out_npu[1:3] == 0).all()  # invalid rows
+    assert not torch.equal(state_npu, state_before)  # the state really was updated in place
+    assert fake.count("GetWorkspaceSize") == 1 and fake.count("Launch") == 1
+    assert_balanced(fake)
+
+
+def test_gqa_ratio_3_and_k_not_multiple_of_16(fake):
+    # Hv/H = 3 and K = 72 with a bf16 state (accepted), B larger than one head group.
+    inputs = make_inputs(Case(B=5, H=2, Hv=6, K=72, V=8, state_dtype=torch.bfloat16))
+    out_cpu, state_cpu, out_npu, state_npu = run_both(inputs)
+    assert_close(out_npu, out_cpu, "out")
+    assert_close(state_npu, state_cpu, "state")
+
+
+def test_non_contiguous_views_and_storage_offsets(fake):
+    inputs = make_inputs(Case(B=3, H=1, Hv=2, K=64, V=16))
+    g = torch.Generator().manual_seed(7)
+    B, W = inputs["mixed_qkv"].shape
+    Hv = 2
+    # mixed_qkv: a column window of a wider buffer (row stride > width, storage offset 5)
+    wide = torch.randn(B, W + 9, generator=g).to(torch.bfloat16)
+    wide[:, 5:5 + W] = inputs["mixed_qkv"]
+    inputs["mixed_qkv"] = wide[:, 5:5 + W]
+    # a: transposed (strides (1, B)); b: column slice with an offset (from make_inputs)
+    inputs["a"] = inputs["a"].t().contiguous().t()
+    # a_log, dt_bias, indices: every other element, with an offset
+    for name in ("a_log", "dt_bias", "ssm_state_indices"):
+        t = inputs[name]
+        buf = torch.zeros(2 * t.numel() + 1, dtype=t.dtype)
+        buf[1::2] = t
+        inputs[name] = buf[1::2]
+    # state: contiguous but not at the start of its storage
+    pool = inputs["state_ref"]
+    big = torch.cat([torch.randn(1, *pool.shape[1:], generator=g), pool])
+    inputs["state_ref"] = big[1:]
+    assert inputs["state_ref"].is_contiguous() and inputs["state_ref"].storage_offset() > 0
+    assert not inputs["mixed_qkv"].is_contiguous() and inputs["mixed_qkv"].storage_offset() == 5
+    assert inputs["a"].stride() == (1, B) and inputs["b"].storage_offset() == Hv
+
+    out_cpu, state_cpu, out_npu, state_npu = run_both(inputs)
+    assert_close(out_npu, out_cpu, "out")
+    assert_close(state_npu, state_cpu, "state")
+    assert_balanced(fake)
+
+
+def test_several_steps_and_stream_of_calls(fake):
+    inputs = make_inputs(Case(B=2, H=2, Hv=4, K=64, V=16, dtype=torch.float16))
+    cpu = dict(inputs, state_ref=inputs["state_ref"].clone())
+    dev = npu_inputs(inputs)
+    for step in range(3):
+        out_cpu = call(OP, cpu)
+        out_npu = call(OP, dev)
+        assert_close(out_npu.cpu(), out_cpu, f"out, step {step}")
+        assert_close(dev["state_ref"].cpu(), cpu["state_ref"], f"state, step {step}")
+    assert fake.count("Launch") == 3
+    assert_balanced(fake)
+
+
+def test_opcheck(fake):
+    # Schema (the in-place state write is declared), Meta/fake kernel agreement with this kernel,
+    # and AOT dispatch, all on PrivateUse1 tensors.
+    x = npu_inputs(make_inputs(Case(B=2)))
+    args = (x["mixed_qkv"], x["a"], x["b"], x["a_log"], x["dt_bias"], x["state_ref"],
+            x["ssm_state_indices"], x["scale"])
+    torch.library.opcheck(OP, args, {"softplus_threshold": 15.0})
+    assert fake.count("Launch") >= 1  # the vendor path ran, not the CPU fallback
+    assert_balanced(fake)
+
+
+# ---- protocol: order, lifetimes, balance -----------------------------------------------------
+
+def test_two_phase_order_and_destroy_after_launch(fake):
+    call(OP, npu_inputs(make_inputs(Case())))
+    # 8 aclTensors (7 inputs + out), phase one, the launch, then every tensor destroyed.
+    assert fake.fake_acl_log().decode().split() == ["C"] * 8 + ["W", "L"] + ["D"] * 8
+    assert fake.count("executors_created") == fake.count("executors_consumed") == 1
+    assert_balanced(fake)
+
+
+@pytest.mark.parametrize("size", [0, 1 << 20])
+def test_workspace_from_torch_allocator(fake, size):
+    # The fake checks at launch that [workspace, workspace + size) is a live allocation of the
+    # device allocator, then writes all of it.
+    fake.fake_acl_set_workspace_size(size)
+    out_cpu, _, out_npu, _ = run_both(make_inputs(Case()))
+    assert_close(out_npu, out_cpu, "out")
+    assert_balanced(fake)
+
+
+def test_workspace_allocation_failure_releases_executor(fake):
+    fake.fake_acl_set_workspace_size(1 << 50)  # the fake device refuses it
+    inputs = npu_inputs(make_inputs(Case()))
+    with pytest.raises(torch.OutOfMemoryError):
+        call(OP, inputs)
+    assert fake.count("Launch") == 0
+    assert fake.count("aclDestroyAclOpExecutor") == 1  # made repeatable, then destroyed
+    assert_balanced(fake)
+
+
+# ---- vendor errors ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("phase,status,meaning,call_name", [
+    (1, 161002, "ACLNN_ERR_PARAM_INVALID", "aclnnFusedGdnDecodeGetWorkspaceSize"),
+    (1, 161001, "ACLNN_ERR_PARAM_NULLPTR", "aclnnFusedGdnDecodeGetWorkspaceSize"),
+    (2, 161002, "ACLNN_ERR_PARAM_INVALID", "aclnnFusedGdnDecode "),
+    (2, 161001, "ACLNN_ERR_PARAM_NULLPTR", "aclnnFusedGdnDecode "),
+])
+def test_vendor_status_becomes_runtime_error(fake, phase, status, meaning, call_name):
+    fake.fake_acl_fail(phase, status, b"injected: tiling rejected the shape")
+    inputs = npu_inputs(make_inputs(Case()))
+    state_before = inputs["state_ref"].cpu()
+    with pytest.raises(RuntimeError) as e:
+        call(OP, inputs)
+    msg = str(e.value)
+    assert call_name in msg and f"status {status}" in msg and meaning in msg
+    assert "injected: tiling rejected the shape" in msg  # aclGetRecentErrMsg
+    assert fake.path in msg
+    assert torch.equal(inputs["state_ref"].cpu(), state_before)
+    assert_balanced(fake)
+
+
+@pytest.mark.parametrize("nth", [1, 5, 8])
+def test_create_tensor_failure_releases_the_others(fake, nth):
+    fake.fake_acl_fail(3, nth, b"injected: out of host memory")
+    inputs = npu_inputs(make_inputs(Case()))
+    names = ["mixed_qkv", "a", "b", "a_log", "dt_bias", "state_ref", "ssm_state_indices", "out"]
+    with pytest.raises(RuntimeError, match=f"aclCreateTensor returned null for {names[nth - 1]} "):
+        call(OP, inputs)
+    assert fake.count("GetWorkspaceSize") == 0
+    assert fake.count("aclDestroyTensor") == nth - 1
+    assert_balanced(fake)
+
+
+def test_fake_enforces_the_protocol(fake):
+    # The double itself must be able to fail: a launch without phase one, a view that overruns
+    # its storage, and a destroy of a tensor it never made are all refused.
+    fake.aclnnFusedGdnDecode.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
+                                         ctypes.c_void_p]
+    assert fake.aclnnFusedGdnDecode(None, 0, 0x1234, None) == 161002
+    fake.aclCreateTensor.restype = ctypes.c_void_p
+    fake.aclCreateTensor.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int,
+                                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
+                                     ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p]
+    fake.aclDestroyTensor.argtypes = [ctypes.c_void_p]
+    dims = (ctypes.c_int64 * 1)(4)
+    strides = (ctypes.c_int64 * 1)(1)
+    storage = (ctypes.c_int64 * 1)(3)  # 4 elements claimed over a storage of 3
+    buf = (ctypes.c_float * 3)()
+    t = fake.aclCreateTensor(dims, 1, 0, strides, 0, 2, storage, 1, buf)
+    fake.aclnnFusedGdnDecodeGetWorkspaceSize.argtypes = [ctypes.c_void_p] * 7 + [
+        ctypes.c_float, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    ws, ex = ctypes.c_uint64(), ctypes.c_void_p()
+    assert fake.aclnnFusedGdnDecodeGetWorkspaceSize(
+        t, t, t, t, t, t, t, 1.0, 20.0, t, ctypes.byref(ws), ctypes.byref(ex)) == 161002
+    assert fake.aclDestroyTensor(t) == 0
+    assert fake.aclDestroyTensor(t) == 161002 and fake.count("bad_destroy") == 1
+
+
+def test_input_check_runs_before_the_vendor(env, device, fake_builds, tmp_path):
+    # No vendor library at all: a bad dtype is still a TypeError from the shared check.
+    inputs = npu_inputs(make_inputs(Case()))
+    inputs["a_log"] = inputs["a_log"].to(torch.bfloat16)
+    with pytest.raises(TypeError, match="a_log must have dtype"):
+        call(OP, inputs)
+
+
+def test_debug_index_check(fake, env):
+    inputs = make_inputs(Case(B=3))
+    inputs["ssm_state_indices"][2] = inputs["ssm_state_indices"][0]
+    dev = npu_inputs(inputs)
+    call(OP, dev)  # the vendor leaves duplicates to the caller
+    env.setenv("CUSTOM_OPS_NPU_CHECK_INDICES", "1")
+    with pytest.raises(ValueError, match="must not repeat a positive slot"):
+        call(OP, dev)
+
+
+# ---- the stream --------------------------------------------------------------------------------
+
+def test_stream_from_device_guard(fake):
+    guard_base, _ = torch.ops.fake_npu.handle_bases()
+    inputs = npu_inputs(make_inputs(Case()))
+    call(OP, inputs)
+    assert fake.fake_acl_last_stream() == guard_base + 0
+    old = torch.ops.fake_npu.set_stream(3)
+    try:
+        call(OP, inputs)
+    finally:
+        torch.ops.fake_npu.set_stream(old)
+    assert fake.fake_acl_last_stream() == guard_base + 3
+    assert "device guard" in NPU.vendor_info()
+
+
+def test_stream_from_torch_npu_api(fake, env, device):
+    # The device library also defines c10_npu::getCurrentNPUStream / NPUStream::stream as
+    # torch_npu declares them; point the binding at it as if it were libtorch_npu.so.
+    assert "device guard" in NPU.vendor_info()  # a look before "torch_npu" is loaded...
+    env.setenv("CUSTOM_OPS_TORCH_NPU_LIB", device)  # ...is not final
+    _, shim_base = torch.ops.fake_npu.handle_bases()
+    calls0, flushes0, _ = torch.ops.fake_npu.stats()
+    inputs = npu_inputs(make_inputs(Case()))
+    old = torch.ops.fake_npu.set_stream(5)
+    try:
+        out = call(OP, inputs)
+    finally:
+        torch.ops.fake_npu.set_stream(old)
+    assert fake.fake_acl_last_stream() == shim_base + 5
+    calls, flushes, _ = torch.ops.fake_npu.stats()
+    assert calls == calls0 + 1 and flushes == flushes0 + 1  # stream(need_empty=true)
+    assert "c10_npu::getCurrentNPUStream" in NPU.vendor_info()
+    assert_close(out.cpu(), call(OP, make_inputs(Case())), "out")
+
+
+# ---- library search order --------------------------------------------------------------------
+
+def test_custom_opp_path_entries_in_order(env, device, fake_builds, tmp_path):
+    first = install(tmp_path / "first", fake_builds)
+    install(tmp_path / "second", fake_builds)
+    env.setenv("ASCEND_CUSTOM_OPP_PATH",
+               f"{tmp_path / 'missing'}:{tmp_path / 'first'}:{tmp_path / 'second'}")
+    assert f"op library: {first}" in NPU.vendor_info()
+    lib = open_fake(first)
+    lib.fake_acl_reset()
+    call(OP, npu_inputs(make_inputs(Case())))
+    assert lib.count("Launch") == 1
+
+
+def test_vendors_config_ini_priority(env, device, fake_builds, tmp_path):
+    opp = tmp_path / "opp"
+    install(opp / "vendors" / "alpha", fake_builds)
+    beta = install(opp / "vendors" / "beta", fake_builds)
+    (opp / "vendors" / "config.ini").write_text("# vendors\nload_priority=beta, alpha\n")
+    env.setenv("ASCEND_OPP_PATH", str(opp))
+    assert f"op library: {beta}" in NPU.vendor_info()
+    lib = open_fake(beta)
+    lib.fake_acl_reset()
+    call(OP, npu_inputs(make_inputs(Case())))
+    assert lib.count("Launch") == 1
+
+
+def test_custom_path_before_vendors(env, device, fake_builds, tmp_path):
+    opp = tmp_path / "opp"
+    install(opp / "vendors" / "alpha", fake_builds)
+    (opp / "vendors" / "config.ini").write_text("load_priority=alpha\n")
+    custom = install(tmp_path / "custom", fake_builds)
+    env.setenv("ASCEND_OPP_PATH", str(opp))
+    env.setenv("ASCEND_CUSTOM_OPP_PATH", str(tmp_path / "custom"))
+    assert f"op library: {custom}" in NPU.vendor_info()
+
+
+def test_library_without_the_op_is_skipped(env, device, fake_builds, tmp_path):
+    without = install(tmp_path / "other_ops", fake_builds, "without_op.so")
+    opp = tmp_path / "opp"
+    alpha = install(opp / "vendors" / "alpha", fake_builds)
+    (opp / "vendors" / "config.ini").write_text("load_priority=alpha\n")
+    env.setenv("ASCEND_CUSTOM_OPP_PATH", str(tmp_path / "other_ops"))
+    env.setenv("ASCEND_OPP_PATH", str(opp))
+    assert f"op library: {alpha}" in NPU.vendor_info()
+    # ...and when nothing else has it, the error says why that library was passed over.
+    env.delenv("ASCEND_OPP_PATH")
+    NPU.reset_vendor()
+    with pytest.raises(RuntimeError, match="does not export aclnnFusedGdnDecodeGetWorkspaceSize"):
+        call(OP, npu_inputs(make_inputs(Case())))
+    assert without in NPU.vendor_info()
+
+
+def test_not_found_error_names_every_place_searched(env, device, tmp_path):
+    opp = tmp_path / "opp"
+    (opp / "vendors").mkdir(parents=True)
+    (opp / "vendors" / "config.ini").write_text("load_priority=nobody\n")
+    env.setenv("ASCEND_CUSTOM_OPP_PATH", f"{tmp_path / 'a'}:{tmp_path / 'b'}")
+    env.setenv("ASCEND_OPP_PATH", str(opp))
+    inputs = npu_inputs(make_inputs(Case()))
+    state_before = inputs["state_ref"].cpu()
+    with pytest.raises(RuntimeError) as e:
+        call(OP, inputs)
+    msg = str(e.value)
+    expected = [
+        f"{tmp_path / 'a'}/op_api/lib/libcust_opapi.so",
+        f"{tmp_path / 'b'}/op_api/lib/libcust_opapi.so",
+        f"{opp}/vendors/nobody/op_api/lib/libcust_opapi.so",
+        "libopapi_transformer.so",
+        "libopapi.so",
+    ]
+    positions = [msg.find(p) for p in expected]
+    assert all(p >= 0 for p in positions), msg
+    assert positions == sorted(positions), "search order"
+    assert "aclnnFusedGdnDecode" in msg and "ASCEND_CUSTOM_OPP_PATH" in msg
+    assert torch.equal(inputs["state_ref"].cpu(), state_before)
+
+
+def test_unset_variables_are_reported(env, device):
+    with pytest.raises(RuntimeError) as e:
+        call(OP, npu_inputs(make_inputs(Case())))
+    assert "ASCEND_CUSTOM_OPP_PATH is not set" in str(e.value)
+    assert "ASCEND_OPP_PATH is not set" in str(e.value)
+
+
+def test_failed_search_is_not_cached(env, device, fake_builds, tmp_path):
+    inputs = npu_inputs(make_inputs(Case()))
+    with pytest.raises(RuntimeError):
+        call(OP, inputs)
+    install(tmp_path / "late", fake_builds)
+    env.setenv("ASCEND_CUSTOM_OPP_PATH", str(tmp_path / "late"))
+    call(OP, inputs)  # found now, without reset_vendor()
