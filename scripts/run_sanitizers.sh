@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds custom_ops with AddressSanitizer + UndefinedBehaviorSanitizer (CUSTOM_OPS_SANITIZE=1) in a
 # scratch copy of this checkout, so the normal in-place build is left alone, and runs the kernel,
-# validation, fuzz, concurrency and long-decode tests against it (SANITIZE_TESTS overrides). Exits non-zero on a test failure or any sanitizer report.
+# validation, fuzz, concurrency and long-decode tests against it (SANITIZE_TESTS overrides).
+# Exits non-zero on a test failure or any sanitizer report.
 #
 #   bash scripts/run_sanitizers.sh [extra pytest args]     (PYTHON=... to pick the interpreter)
 #
