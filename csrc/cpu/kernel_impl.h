@@ -262,6 +262,12 @@ inline void update_rows(S* s, int64_t K, const float* k, const float* q, float d
       }
       s0 = at::vec::fmadd(vdelta[r], k0, s0 * vdecay);
       s1 = at::vec::fmadd(vdelta[r], k1, s1 * vdecay);
+      if (n != kStep) {
+        // Padded lanes hold delta * 0, which is NaN when delta is infinite (an Inf in v): zero
+        // them so they cannot turn an infinite output into NaN. They are never stored.
+        s0 = fVec::set(fVec(0.f), s0, std::min(n, kF));
+        s1 = n > kF ? fVec::set(fVec(0.f), s1, n - kF) : fVec(0.f);
+      }
       o0[r] = at::vec::fmadd(s0, q0, o0[r]);
       o1[r] = at::vec::fmadd(s1, q1, o1[r]);
       if (n == kStep) {
