@@ -201,6 +201,22 @@ inline int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
+// Lanes of the last partial step (K % kStep elements, in load order) that hold real elements:
+// all bits set there, zero in the padding.
+struct TailMask {
+  fVec lo, hi;
+};
+
+inline TailMask tail_mask(const int64_t order[kStep], int64_t tail) {
+  uint32_t bits[kStep];
+  for (int64_t j = 0; j < kStep; ++j) {
+    bits[j] = order[j] < tail ? 0xffffffffu : 0u;
+  }
+  float f[kStep];
+  std::memcpy(f, bits, sizeof(f));
+  return {fVec::loadu(f), fVec::loadu(f + kF)};
+}
+
 // R consecutive state rows s[r*K ...] of one value head: decay, delta-rule update, read-out.
 // Writes out[r] = s'_r . q. k and q are the normalised fp32 key/query of the head's key head,
 // zero-padded to a multiple of kStep, so the last partial step needs no scalar tail (the padded
@@ -208,7 +224,7 @@ inline int64_t round_up(int64_t x, int64_t m) {
 // sum, delta, update, dot, horizontal sum) overlap; one row alone is latency-bound.
 template <typename S, int R>
 inline void update_rows(S* s, int64_t K, const float* k, const float* q, float decay, float beta,
-                        const float* v, float* out) {
+                        const float* v, float* out, const TailMask& keep) {
   const int64_t full = K / kStep * kStep;
   const int64_t tail = K - full;
   fVec s0, s1;
@@ -265,8 +281,8 @@ inline void update_rows(S* s, int64_t K, const float* k, const float* q, float d
       if (n != kStep) {
         // Padded lanes hold delta * 0, which is NaN when delta is infinite (an Inf in v): zero
         // them so they cannot turn an infinite output into NaN. They are never stored.
-        s0 = fVec::set(fVec(0.f), s0, std::min(n, kF));
-        s1 = n > kF ? fVec::set(fVec(0.f), s1, n - kF) : fVec(0.f);
+        s0 = fVec::blendv(fVec(0.f), s0, keep.lo);
+        s1 = fVec::blendv(fVec(0.f), s1, keep.hi);
       }
       o0[r] = at::vec::fmadd(s0, q0, o0[r]);
       o1[r] = at::vec::fmadd(s1, q1, o1[r]);
@@ -347,6 +363,7 @@ void run(const GdnParams& p) {
   for (int64_t j = 0; j < kStep; ++j) {
     identity = identity && order[j] == j;
   }
+  const TailMask keep = tail_mask(order, K % kStep);
 
   const int64_t grain = std::max<int64_t>(1, kGrainElements / (V * K));
   // One task per (batch row, value head), in row-major order so the `group` value heads of one
@@ -386,14 +403,14 @@ void run(const GdnParams& p) {
         for (int l = 0; l < kRows; ++l) {
           vr[l] = static_cast<float>(v[(r + l) * cs]);
         }
-        update_rows<S, kRows>(st + r * K, K, k, q, decay, beta, vr, orow);
+        update_rows<S, kRows>(st + r * K, K, k, q, decay, beta, vr, orow, keep);
         for (int l = 0; l < kRows; ++l) {
           o[r + l] = static_cast<T>(orow[l]);
         }
       }
       for (; r < V; ++r) {
         vr[0] = static_cast<float>(v[r * cs]);
-        update_rows<S, 1>(st + r * K, K, k, q, decay, beta, vr, orow);
+        update_rows<S, 1>(st + r * K, K, k, q, decay, beta, vr, orow, keep);
         o[r] = static_cast<T>(orow[0]);
       }
     }
