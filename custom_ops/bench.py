@@ -51,6 +51,9 @@ def parse_args(argv=None):
     p.add_argument("--json", help="write the table as JSON")
     p.add_argument("--plot", help="write a PNG plot of GB/s vs B per backend (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--callers", type=int, nargs="*", default=[1, 2, 4],
+                   help="CPU: also time N concurrent Python callers on disjoint slots (GIL check); "
+                        "give no value to skip")
     args = p.parse_args(argv)
     if args.quick:
         args.shapes, args.batch = "full", [1, 8, 32]
@@ -331,6 +334,11 @@ def main(argv=None):
           f"pool = {args.pool_factor:g}*B+1 slots")
     print(format_table(rows, args.backends))
     _write_tables(args, rows, machine)
+    if args.device == "cpu" and args.callers:
+        from custom_ops import bench_threads
+
+        print("\nConcurrent callers (each on its own slots of one pool; the op releases the GIL):")
+        bench_threads.main(["--callers", *map(str, args.callers)])
     if args.plot:
         write_plot(rows, args.backends, args.plot, f"npu_fused_gdn_decode, {machine}")
     failed = [r for r in rows if not all(r[k] for k in r if k.endswith("_ok"))]
