@@ -5,10 +5,12 @@ and a range of batch sizes, it times in one run:
   ours      the registered op on the chosen device (CPU kernel, NPU aclnn, CUDA Triton);
   reference the pure-torch reference (custom_ops.reference);
   compiled  torch.compile of the reference;
-  copy      a plain copy of the same state bytes (read + write): the memory-bandwidth ceiling.
+  copy      a plain copy of the same state bytes (read + write): the memory-bandwidth ceiling;
+  rmw       an in-place read-modify-write stream over the same bytes (what the op's traffic is,
+            with no arithmetic): the ceiling for an in-place update.
 Every backend's result is checked against the reference before it is timed. The table gives
-us per call, GB/s of state traffic (2 * B * Hv * V * K * element size), % of copy bandwidth and
-speedup vs the reference. --csv/--json/--plot write the table and a GB/s-vs-B plot.
+us per call, GB/s of state traffic (2 * B * Hv * V * K * element size), % of copy and of rmw
+bandwidth and speedup vs the reference. --csv/--json/--plot write the table and a GB/s-vs-B plot.
 """
 
 import argparse
@@ -28,7 +30,8 @@ from custom_ops.reference import TOLERANCES, fused_gdn_decode_reference
 QWEN3_NEXT = (16, 32)  # (H, Hv); K = V = 128
 TP_SHARDS = [(8, 16), (4, 8), (2, 4)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-BACKENDS = ("ours", "reference", "compiled", "copy")
+BACKENDS = ("ours", "reference", "compiled", "copy", "rmw")
+CEILINGS = ("copy", "rmw")
 
 
 def parse_args(argv=None):
@@ -185,10 +188,14 @@ def run(args):
                    state=sd, bytes=nbytes)
         for backend in args.backends:
             label = f"H={H} Hv={Hv} {sd} B={B} {backend}"
-            if backend == "copy":
-                src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).fill_(1)
-                dst = torch.empty_like(src)
-                fn, ok = (lambda: dst.copy_(src)), True
+            if backend in CEILINGS:
+                src = torch.empty(nbytes // 8, dtype=torch.int32, device=device).fill_(1)
+                if backend == "copy":
+                    dst = torch.empty_like(src)
+                    fn = (lambda src=src, dst=dst: dst.copy_(src))
+                else:
+                    fn = (lambda src=src: src.bitwise_or_(0))
+                ok = True
             else:
                 impl = {"ours": op, "reference": fused_gdn_decode_reference}.get(backend)
                 impl = impl or compiled_reference()
@@ -197,13 +204,15 @@ def run(args):
             t = time_call(fn, sync, args.min_time)
             row[f"{backend}_us"] = t * 1e6
             row[f"{backend}_GBps"] = nbytes / t / 1e9
-            if backend != "copy":
+            if backend not in CEILINGS:
                 row[f"{backend}_ok"] = ok
             progress.step(label)
-        if "copy_us" in row:
-            for backend in args.backends:
-                if backend != "copy":
-                    row[f"{backend}_pct_copy"] = 100.0 * row["copy_us"] / row[f"{backend}_us"]
+        for ceiling in CEILINGS:
+            if f"{ceiling}_us" in row:
+                for backend in args.backends:
+                    if backend not in CEILINGS:
+                        row[f"{backend}_pct_{ceiling}"] = (
+                            100.0 * row[f"{ceiling}_us"] / row[f"{backend}_us"])
         if "reference_us" in row and "ours_us" in row:
             row["speedup_vs_reference"] = row["reference_us"] / row["ours_us"]
         rows.append(row)
@@ -229,21 +238,20 @@ def machine_description(device):
 
 
 def format_table(rows, backends):
-    cols = ["H", "Hv", "state", "B"]
+    """us per call and GB/s per backend; for ours also % of the copy and rmw ceilings."""
     header = f"{'H':>3} {'Hv':>3} {'state':>5} {'B':>4} |"
     for b in backends:
         header += f" {b + ' us':>13} {'GB/s':>6}"
-        if b != "copy":
-            header += f" {'%copy':>5}"
+        if b == "ours":
+            header += "".join(f" {'%' + c:>5}" for c in CEILINGS if c in backends)
     header += f" | {'vs ref':>7} {'check':>5}"
     lines = [header, "-" * len(header)]
     for r in rows:
-        line = " ".join(f"{r[c]:>{w}}" for c, w in zip(cols, (3, 3, 5, 4))) + " |"
+        line = f"{r['H']:>3} {r['Hv']:>3} {r['state']:>5} {r['B']:>4} |"
         for b in backends:
             line += f" {r[f'{b}_us']:13.1f} {r[f'{b}_GBps']:6.1f}"
-            if b != "copy":
-                pct = r.get(f"{b}_pct_copy")
-                line += f" {pct:5.0f}" if pct is not None else f" {'-':>5}"
+            if b == "ours":
+                line += "".join(f" {r[f'ours_pct_{c}']:5.0f}" for c in CEILINGS if c in backends)
         sp = r.get("speedup_vs_reference")
         checks = [r[k] for k in r if k.endswith("_ok")]
         line += f" | {sp:6.1f}x" if sp is not None else f" | {'-':>7}"
@@ -268,9 +276,12 @@ def write_plot(rows, backends, path, title):
                      key=lambda r: r["B"])
         bs = [r["B"] for r in sub]
         for b in backends:
-            style = dict(color="black", linestyle="--") if b == "copy" else dict(marker="o")
-            ax.plot(bs, [r[f"{b}_GBps"] for r in sub], label="copy ceiling" if b == "copy" else b,
-                    **style)
+            if b in CEILINGS:
+                style = dict(color="black", linestyle="--" if b == "copy" else ":")
+                label = f"{b} ceiling"
+            else:
+                style, label = dict(marker="o"), b
+            ax.plot(bs, [r[f"{b}_GBps"] for r in sub], label=label, **style)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("batch B")
