@@ -197,6 +197,39 @@ inline float hsum(const fVec& v) {
 #endif
 }
 
+// out[r] = horizontal sum of v[r], r < R. For R = 4 on AVX2/AVX-512 the four sums are formed
+// together (a transpose-and-add tree): about a third of the shuffles and adds of four separate
+// reductions, which matter next to the few FMAs per row.
+template <int R>
+inline void hsum_rows(const fVec* v, float* out) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (R == 4) {
+    // Per 128-bit lane: ab = [a0+a2, b0+b2, a1+a3, b1+b3], likewise cd; then [a, b, c, d].
+    const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+    const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+    __m512 t = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    // Add the four 128-bit lanes.
+    t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(1, 0, 3, 2)));
+    t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
+    _mm_storeu_ps(out, _mm512_castps512_ps128(t));
+    return;
+  }
+#elif defined(CPU_CAPABILITY_AVX2)
+  if constexpr (R == 4) {
+    const __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(v[0], v[1]), _mm256_unpackhi_ps(v[0], v[1]));
+    const __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(v[2], v[3]), _mm256_unpackhi_ps(v[2], v[3]));
+    const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+    return;
+  }
+#endif
+  for (int r = 0; r < R; ++r) {
+    out[r] = hsum(v[r]);
+  }
+}
+
 inline int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
@@ -266,9 +299,13 @@ inline void update_rows(S* s, int64_t K, const float* k, const float* q, float d
     dot_k(full, tail);
   }
   fVec vdelta[R];
+  float u[R];
   for (int r = 0; r < R; ++r) {
-    const float u = decay * hsum(u0[r] + u1[r]);
-    vdelta[r] = fVec(beta * (v[r] - u));
+    u0[r] = u0[r] + u1[r];
+  }
+  hsum_rows<R>(u0, u);
+  for (int r = 0; r < R; ++r) {
+    vdelta[r] = fVec(beta * (v[r] - decay * u[r]));
   }
 
   // Scalar math: s[r][t] = decay * s[r][t] + delta[r] * k[t]; o[r] += s[r][t] * q[t]
@@ -312,8 +349,9 @@ inline void update_rows(S* s, int64_t K, const float* k, const float* q, float d
     update(full, tail);
   }
   for (int r = 0; r < R; ++r) {
-    out[r] = hsum(o0[r] + o1[r]);
+    o0[r] = o0[r] + o1[r];
   }
+  hsum_rows<R>(o0, out);
 }
 
 // Rows interleaved per update_rows call.
