@@ -4,7 +4,7 @@ One C++ extension, ``custom_ops._C``, holds the schema, the shared input check a
 implementation per dispatch key. The CPU kernel body is compiled once per instruction set
 (``*_default.cpp`` portable, ``*_avx2.cpp`` with AVX2+FMA+F16C, ``*_avx512.cpp`` with
 AVX-512 F/BW/VL/DQ) and picked at run time, so the
-wheel never depends on the build machine's CPU (no ``-march=native``).
+wheel never depends on the build machine's CPU (no tuning for the build host).
 
 Environment switches (all optional):
   CUSTOM_OPS_NO_AVX2=1   build only the portable kernel (no AVX2, no AVX-512 variant)
