@@ -10,6 +10,15 @@ TORCH_LIBRARY(custom, m) {
   m.def(custom_ops::kFusedGdnDecodeSchema);
 }
 
+// Helpers for the Python backends (fallback.py), kept out of the `custom` namespace: the slot
+// check with the CPU path's exact rules and messages. Takes CPU int32 indices.
+TORCH_LIBRARY(custom_ops_internal, m) {
+  m.def("check_slot_indices(Tensor indices, int block_num) -> ()",
+        [](const at::Tensor& indices, int64_t block_num) {
+          custom_ops::check_slot_indices(indices, block_num);
+        });
+}
+
 namespace {
 
 // _C._cpu_isa() -> str: the CPU kernel variant in use ("avx512", "avx2" or "portable").

@@ -83,28 +83,10 @@ def check_inputs(tensors, scale, softplus_threshold):
 
 
 def check_slot_indices(ssm_state_indices, block_num):
-    """Every positive index < BlockNum and no positive index twice (SPEC "Slot rules").
-
-    Same messages as the C++ CPU check. Copies the indices to the host.
+    """Every positive index < BlockNum and no positive index twice (SPEC "Slot rules"): the CPU
+    path's own C++ check, so the rules and messages are the same. Copies the indices to the host.
     """
-    idx = ssm_state_indices.to("cpu", torch.int64)
-    rows = torch.nonzero(idx > 0).flatten()
-    slots = idx[rows]
-    bad = torch.nonzero(slots >= block_num).flatten()
-    if bad.numel():
-        r = int(rows[bad[0]])
-        raise ValueError(
-            f"{_PREFIX}ssm_state_indices[{r}] = {int(idx[r])} is out of range: valid slots must "
-            f"be < BlockNum = {block_num} (indices <= 0 mark invalid rows)")
-    if slots.numel() > 1:
-        order = torch.sort(slots, stable=True)
-        s, rs = order.values, rows[order.indices]
-        dup = torch.nonzero(s[1:] == s[:-1]).flatten()
-        if dup.numel():
-            d = int(dup[0])
-            raise ValueError(
-                f"{_PREFIX}ssm_state_indices must not repeat a positive slot, but slot {int(s[d])} "
-                f"is used by rows {int(rs[d])} and {int(rs[d + 1])}")
+    torch.ops.custom_ops_internal.check_slot_indices(ssm_state_indices.cpu(), block_num)
 
 
 def _capturing(t):
