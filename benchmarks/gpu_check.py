@@ -25,7 +25,7 @@ import custom_ops  # noqa: E402
 from custom_ops import fallback  # noqa: E402
 from custom_ops import triton_bench as tb  # noqa: E402
 from utils import (  # noqa: E402
-    DTYPE_PAIRS, OP, TOL, Case, call, check_against_reference, clone_inputs, make_inputs, short)
+    DTYPE_PAIRS, TOL, Case, call, check_against_reference, clone_inputs, make_inputs, short)
 
 DEV = "cuda"
 FAILED = []
@@ -213,7 +213,7 @@ def main():
 
     @check("fla-agrees-with-reference (so its timing is of the same step)")
     def _():
-        x = tb.make_decode_inputs(8, 4, 8, 128, 128, state_dtype=torch.float32)
+        x = tb.make_decode_inputs(8, 4, 8, 128, 128, state_dtype=torch.float32, device="cuda")
         fn, note = tb._fla_call(x, 4, 8, 128, 128)
         if fn is None:
             return f"skipped: {note}"

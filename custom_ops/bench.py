@@ -25,6 +25,8 @@ import time
 import torch
 
 import custom_ops
+from custom_ops.bench_inputs import call as _call
+from custom_ops.bench_inputs import make_decode_inputs
 from custom_ops.reference import TOLERANCES, fused_gdn_decode_reference
 
 QWEN3_NEXT = (16, 32)  # (H, Hv); K = V = 128
@@ -117,31 +119,6 @@ def time_call(fn, sync, min_time):
     return statistics.median(samples)
 
 
-def make_problem(B, H, Hv, D, dtype, state_dtype, pool_factor, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    K = V = D
-    pool = int(pool_factor * B) + 1
-
-    def randn(*shape, scale=1.0, dt=torch.float32):
-        return (torch.randn(*shape, generator=g) * scale).to(dt).to(device)
-
-    proj = randn(B, 2 * H * K + Hv * V + 2 * Hv, dt=dtype)  # one projection, split into views
-    w = 2 * H * K + Hv * V
-    args = dict(
-        mixed_qkv=proj[:, :w], a=proj[:, w:w + Hv], b=proj[:, w + Hv:],
-        a_log=randn(Hv, scale=0.5), dt_bias=randn(Hv, scale=0.5, dt=dtype),
-        state_ref=randn(pool, Hv, V, K, scale=0.5, dt=state_dtype),
-        ssm_state_indices=(torch.randperm(pool - 1, generator=g)[:B] + 1).to(torch.int32).to(device),
-        scale=K**-0.5,
-    )
-    return args
-
-
-def _call(fn, x):
-    return fn(x["mixed_qkv"], x["a"], x["b"], x["a_log"], x["dt_bias"], x["state_ref"],
-              x["ssm_state_indices"], x["scale"])
-
-
 def _close(actual, expected):
     atol, rtol = TOLERANCES[expected.dtype]
     return torch.allclose(actual.float(), expected.float(), atol=atol, rtol=rtol)
@@ -181,8 +158,9 @@ def run(args):
     rows = []
     for H, Hv, sd, B in configs:
         state_dtype = DTYPES[sd]
-        x = make_problem(B, H, Hv, args.head_dim, dtype, state_dtype, args.pool_factor, device)
         D = args.head_dim
+        x = make_decode_inputs(B, H, Hv, D, D, dtype, state_dtype,
+                               pool=int(args.pool_factor * B) + 1, device=device)
         nbytes = 2 * B * Hv * D * D * x["state_ref"].element_size()
         row = dict(H=H, Hv=Hv, K=D, V=D, B=B, pool=x["state_ref"].shape[0], input=args.input_dtype,
                    state=sd, bytes=nbytes)

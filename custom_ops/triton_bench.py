@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from .bench_inputs import call as _call
+from .bench_inputs import make_decode_inputs
 from .reference import fused_gdn_decode_reference
 
 # (name, H, Hv, K, V): Qwen3-Next-80B-A3B and its TP=2 shard, Qwen3.5-397B-A17B (SPEC.md).
@@ -22,32 +24,6 @@ SHAPES = {
     "qwen3-next-tp2": (8, 16, 128, 128),
     "qwen3.5-397b": (16, 64, 128, 128),
 }
-
-
-def make_decode_inputs(B, H, Hv, K, V, dtype=torch.bfloat16, state_dtype=torch.float32,
-                       pool=None, device="cuda", seed=0):
-    """Inputs of one decode call on `device`; slots are a random permutation of [1, pool)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    pool = pool or 2 * B + 1
-
-    def randn(*shape, scale=1.0, dt=torch.float32):
-        return (torch.randn(*shape, generator=g) * scale).to(dt).to(device)
-
-    ab = randn(B, 2 * Hv, dt=dtype)
-    slots = torch.randperm(pool - 1, generator=g)[:B] + 1
-    return dict(
-        mixed_qkv=randn(B, 2 * H * K + Hv * V, dt=dtype),
-        a=ab[:, :Hv], b=ab[:, Hv:],
-        a_log=randn(Hv, scale=0.5), dt_bias=randn(Hv, scale=0.5, dt=dtype),
-        state_ref=randn(pool, Hv, V, K, scale=0.5, dt=state_dtype),
-        ssm_state_indices=slots.to(torch.int32).to(device),
-        scale=K ** -0.5,
-    )
-
-
-def _call(fn, x):
-    return fn(x["mixed_qkv"], x["a"], x["b"], x["a_log"], x["dt_bias"], x["state_ref"],
-              x["ssm_state_indices"], x["scale"])
 
 
 def time_graph(fn, inner=20, reps=20, warmup=3):
@@ -164,7 +140,7 @@ def bench_cuda(batch_sizes=(1, 16, 64, 128, 256), shapes=("qwen3-next",),
         for sdt in state_dtypes:
             sname = str(sdt).replace("torch.", "")
             for B in batch_sizes:
-                x = make_decode_inputs(B, H, Hv, K, V, dtype=dtype, state_dtype=sdt)
+                x = make_decode_inputs(B, H, Hv, K, V, dtype=dtype, state_dtype=sdt, device="cuda")
                 state_bytes = B * Hv * V * K * x["state_ref"].element_size()
                 moved = 2 * state_bytes
 
@@ -234,7 +210,7 @@ def sweep_tiles(B=64, shape="qwen3-next", state_dtype=torch.float32, dtype=torch
     from . import triton_kernel as tk
 
     H, Hv, K, V = SHAPES[shape] if isinstance(shape, str) else shape
-    x = make_decode_inputs(B, H, Hv, K, V, dtype=dtype, state_dtype=state_dtype)
+    x = make_decode_inputs(B, H, Hv, K, V, dtype=dtype, state_dtype=state_dtype, device="cuda")
     bk = 1 << (K - 1).bit_length()
     results = []
     for bv in bvs:
