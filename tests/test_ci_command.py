@@ -1,0 +1,220 @@
+"""The documentation against the repository: CI runs the README's test command, links resolve,
+and the benchmark tables quote the one stored run (docs/bench_cpu.txt).
+
+`.ci/run` is executed for real in a scratch copy of the repository, with test doubles (labelled
+below) for `python3 -m venv` and for the `bash -c` it hands the test command to, so the test sees
+the command CI actually runs, not a line of its source.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+BENCH_TXT = DOCS / "bench_cpu.txt"
+
+
+def fenced_block_after(text, marker):
+    """The lines of the first fenced code block after `marker`."""
+    assert text.count(marker) == 1, f"expected the marker {marker!r} once"
+    lines = text.split(marker, 1)[1].splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("```")]
+    assert len(starts) >= 2, f"no fenced block after {marker!r}"
+    assert all(not line.strip() for line in lines[: starts[0]]), (
+        f"text between {marker!r} and its block"
+    )
+    return lines[starts[0] + 1 : starts[1]]
+
+
+def readme_test_command():
+    block = [
+        line
+        for line in fenced_block_after(README.read_text(), "<!-- test-command -->")
+        if line.strip()
+    ]
+    assert len(block) == 1, f"the README's test command must be one line, got {block}"
+    return block[0].strip()
+
+
+# --- .ci/run ----------------------------------------------------------------------------------
+
+# Test doubles: `python3` only creates the virtual environment's layout; `bash` records what it is
+# asked to run and exits with $STUB_RC.
+_FAKE_PYTHON3 = """#!/bin/sh
+# test double for `python3 -m venv DIR`
+[ "$1" = "-m" ] && [ "$2" = "venv" ] || exit 99
+mkdir -p "$3/bin" && : > "$3/bin/activate" && echo "$3" >> "$RECORD/venvs"
+"""
+_FAKE_BASH = """#!/bin/sh
+# test double for `bash -c COMMAND`
+printf '%s' "$1" > "$RECORD/flag"
+printf '%s' "$2" > "$RECORD/command"
+printf '%s' "$MAX_JOBS" > "$RECORD/max_jobs"
+exit "$STUB_RC"
+"""
+
+
+def run_ci(tmp_path, stub_rc, max_jobs=None):
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("bash is not installed")
+    repo, stubs, record = tmp_path / "repo", tmp_path / "stubs", tmp_path / "record"
+    for d in (repo / ".ci", stubs, record, repo / ".venv"):
+        d.mkdir(parents=True)
+    shutil.copy(ROOT / ".ci" / "run", repo / ".ci" / "run")
+    (repo / ".venv" / "stale").write_text("from an earlier run")
+    for name, body in (("python3", _FAKE_PYTHON3), ("bash", _FAKE_BASH)):
+        (stubs / name).write_text(body)
+        (stubs / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "MAX_JOBS"}
+    env.update(
+        PATH=f"{stubs}{os.pathsep}{env.get('PATH', '')}", RECORD=str(record), STUB_RC=str(stub_rc)
+    )
+    if max_jobs is not None:
+        env["MAX_JOBS"] = max_jobs
+    proc = subprocess.run(
+        [bash, str(repo / ".ci" / "run")],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return proc, repo, record
+
+
+def test_ci_runs_the_readme_test_command_in_a_fresh_venv(tmp_path):
+    proc, repo, record = run_ci(tmp_path, stub_rc=0)
+    assert proc.returncode == 0, proc.stderr
+    assert (record / "venvs").read_text().split() == [".venv"]
+    assert not (repo / ".venv" / "stale").exists(), "the virtual environment was not fresh"
+    assert (record / "flag").read_text() == "-c"
+    assert (record / "command").read_text() == readme_test_command()
+    assert (record / "max_jobs").read_text() == "2"
+
+
+def test_ci_keeps_a_given_max_jobs(tmp_path):
+    proc, _, record = run_ci(tmp_path, stub_rc=0, max_jobs="7")
+    assert proc.returncode == 0, proc.stderr
+    assert (record / "max_jobs").read_text() == "7"
+
+
+@pytest.mark.parametrize("stub_rc, expected", [(1, 1), (2, 2), (5, 1)])
+def test_ci_fails_when_the_tests_fail_or_none_are_collected(tmp_path, stub_rc, expected):
+    proc, _, _ = run_ci(tmp_path, stub_rc=stub_rc)
+    assert proc.returncode == expected
+
+
+# --- links ------------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+_CODE_SPAN = re.compile(r"`[^`\n]*`")
+_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_REF_DEF = re.compile(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.MULTILINE)
+_HTML = re.compile(r"""(?:href|src)\s*=\s*["']([^"']+)["']""")
+
+
+def _markdown_files():
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def _links(path):
+    text = _CODE_SPAN.sub("", _FENCE.sub("", path.read_text()))
+    return [m.group(1) for rx in (_LINK, _REF_DEF, _HTML) for m in rx.finditer(text)]
+
+
+def _anchors(path):
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    seen, out = {}, set()
+    for line in _FENCE.sub("", path.read_text()).splitlines():
+        m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1)).replace("`", "")
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_markdown_files_are_found():
+    names = {p.name for p in _markdown_files()}
+    assert {"README.md", "spec.md"} <= names
+
+
+@pytest.mark.parametrize("path", _markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(path):
+    broken = []
+    for link in _links(path):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", link, re.IGNORECASE):  # http:, https:, mailto:
+            continue
+        target, _, anchor = link.partition("#")
+        dest = (path.parent / target).resolve() if target else path
+        if ROOT not in dest.parents and dest != ROOT:
+            broken.append(f"{link} (outside the repository)")
+        elif not dest.exists():
+            broken.append(f"{link} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            broken.append(f"{link} (no such heading)")
+    assert not broken, f"{path.relative_to(ROOT)}: broken links: {broken}"
+
+
+# --- benchmark tables -------------------------------------------------------------------------
+
+
+def _bench_rows():
+    """docs/bench_cpu.txt's main table: (H, Hv, state, B) -> the numbers after the key."""
+    rows = {}
+    for line in BENCH_TXT.read_text().splitlines():
+        parts = line.split("|")
+        if len(parts) != 3 or not parts[0].split() or not parts[0].split()[0].isdigit():
+            continue
+        h, hv, state, b = parts[0].split()
+        rows[(int(h), int(hv), state, int(b))] = parts[1].split() + parts[2].split()
+    return rows
+
+
+def test_readme_headline_rows_quote_the_stored_run():
+    text = README.read_text()
+    assert text.count("<!-- bench-headline -->") == 1
+    lines = text.split("<!-- bench-headline -->", 1)[1].lstrip("\n").splitlines()
+    table = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        table.append([c.strip() for c in line.strip("|").split("|")])
+    header, body = table[0], table[2:]
+    assert header == [
+        "state",
+        "B",
+        "ours µs",
+        "GB/s",
+        "% of copy",
+        "% of rmw",
+        "reference µs",
+        "vs reference",
+    ]
+    assert body, "the headline table has no rows"
+    stored = _bench_rows()
+    for state, b, *values in body:
+        row = stored[(16, 32, state, int(b))]  # the README's headline: Qwen3-Next, H=16, Hv=32
+        # ours us, GB/s, %copy, %rmw, reference us; then "vs ref" after the second bar.
+        assert values == [*row[:5], row[12]], f"README row {state} B={b} differs from the run"
+
+
+def test_benchmark_page_quotes_the_stored_run():
+    stored = BENCH_TXT.read_text().rstrip("\n")
+    main, caption, threads = stored.partition("\n\nConcurrent callers")
+    assert caption, "docs/bench_cpu.txt has no concurrent-callers table"
+    page = (DOCS / "benchmarks.md").read_text()
+    assert "\n".join(fenced_block_after(page, "<!-- bench-full -->")) == main
+    assert (
+        "\n".join(fenced_block_after(page, "<!-- bench-threads -->")) == threads.split("\n", 1)[1]
+    )
