@@ -17,8 +17,11 @@ import sys
 import time
 import traceback
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # run as a script from anywhere: custom_ops and benchmarks of this tree
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# Run as a script, this directory would come first on sys.path and its cuda.py would shadow the
+# `cuda` package that torch imports; the repository root (custom_ops, benchmarks) takes its place.
+sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 
 import torch  # noqa: E402
 

@@ -16,16 +16,22 @@ Exit status 0 only if everything matched.
 """
 
 import argparse
+import os
 import sys
 import time
 
-import torch
+# Run as a script, this directory would come first on sys.path and its cuda.py would shadow the
+# `cuda` package that torch imports.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import torch  # noqa: E402
 
 try:
     import torch_npu  # noqa: F401  (registers the "npu" device)
 except ImportError:
     sys.exit("torch_npu is not installed: this script needs an Ascend NPU host (docs/npu.md)")
-import custom_ops  # noqa: F401  (registers custom.npu_fused_gdn_decode)
+import custom_ops  # noqa: E402,F401  (registers custom.npu_fused_gdn_decode)
 from custom_ops.testing import (  # noqa: E402
     DTYPE_PAIRS,
     OP,

@@ -48,7 +48,7 @@ def profiled_events(fn):
     return {e.name for e in prof.events()}
 
 
-# --- which kernel each key runs --------------------------------------------------------------------
+# --- which kernel each key runs ---------------------------------------------------------------
 
 def test_cpp_kernels_keep_their_keys():
     # CompositeExplicitAutograd must not shadow the C++ CPU and Meta kernels.
@@ -108,7 +108,7 @@ def test_broken_triton_falls_back_to_reference(monkeypatch):
     assert REFERENCE_EVENT in events and TRITON_EVENT not in events, events
 
 
-# --- the checked reference computes the op ---------------------------------------------------------
+# --- the checked reference computes the op ----------------------------------------------------
 
 @pytest.mark.parametrize("dtype,state_dtype", DTYPE_PAIRS, ids=DTYPE_PAIR_IDS)
 def test_checked_reference_matches_reference(dtype, state_dtype):
