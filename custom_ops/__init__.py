@@ -10,12 +10,13 @@ import logging
 
 import torch
 
-from . import _C  # noqa: F401  (registers the op with the dispatcher)
+from . import _C  # noqa: F401  (loads the C++ library: its TORCH_LIBRARY blocks register the ops)
 from . import fallback  # noqa: F401  (CUDA via Triton if installed, reference elsewhere)
 from .ops import fused_gdn_decode
 from .reference import fused_gdn_decode_reference
 
 log = logging.getLogger(__name__)
+_internal = torch.ops.custom_ops_internal  # helper ops registered by _C
 
 __all__ = [
     "fused_gdn_decode",
@@ -28,18 +29,18 @@ __all__ = [
 
 def cpu_isa() -> str:
     """The CPU kernel variant in use: ``"avx512"``, ``"avx2"`` or ``"portable"``."""
-    return _C._cpu_isa()
+    return _internal.cpu_isa()
 
 
 def cpu_isas() -> list:
     """The CPU kernel variants this build can run on this CPU."""
-    return _C._cpu_isas()
+    return _internal.cpu_isas()
 
 
 def set_cpu_isa(name: str) -> str:
     """Select the CPU kernel variant (``"auto"``, ``"portable"``, ``"avx2"`` or ``"avx512"``);
     returns the previous one. ``CUSTOM_OPS_CPU_ISA=<name>`` does the same at import time."""
-    return _C._set_cpu_isa(name)
+    return _internal.set_cpu_isa(name)
 
 
 def _register_converter():
