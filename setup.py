@@ -1,15 +1,17 @@
 """Build script for custom_ops.
 
 One C++ extension, ``custom_ops._C``, holds the schema, the shared input check and one
-implementation per dispatch key. The CPU kernel body is compiled once per instruction set
-(``*_default.cpp`` portable, ``*_avx2.cpp`` with AVX2+FMA+F16C, ``*_avx512.cpp`` with
-AVX-512 F/BW/VL/DQ) and picked at run time, so the
-wheel never depends on the build machine's CPU (no tuning for the build host).
+implementation per dispatch key; its Python module is empty (everything is registered through
+TORCH_LIBRARY). The CPU kernel body is compiled once per instruction set (``kernel_default.cpp``
+portable, ``kernel_avx2.cpp`` with AVX2+FMA+F16C, ``kernel_avx512.cpp`` with AVX-512 F/BW/VL/DQ)
+and picked at run time, so the wheel never depends on the build machine's CPU (no tuning for the
+build host).
 
 Environment switches (all optional):
   CUSTOM_OPS_NO_AVX2=1   build only the portable kernel (no AVX2, no AVX-512 variant)
   CUSTOM_OPS_NO_AVX512=1 build no AVX-512 variant
-  CUSTOM_OPS_DEBUG=1     -O0 -g, assertions on
+  CUSTOM_OPS_DEBUG=1     -O0 -g (NDEBUG stays defined: torch's headers change class layouts
+                         without it)
   CUSTOM_OPS_SANITIZE=1  build with AddressSanitizer + UndefinedBehaviorSanitizer
   MAX_JOBS=N             parallel compile jobs (torch's BuildExtension)
 """
@@ -18,11 +20,13 @@ import glob
 import os
 import platform
 
-from setuptools import find_packages, setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
 import torch
+from setuptools import find_packages, setup
+from setuptools.command.build_clib import build_clib
+from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(ROOT, "csrc")
 
 
 def _env_flag(name):
@@ -35,87 +39,112 @@ WITH_AVX512 = WITH_AVX2 and not _env_flag("CUSTOM_OPS_NO_AVX512")
 DEBUG = _env_flag("CUSTOM_OPS_DEBUG")
 SANITIZE = _env_flag("CUSTOM_OPS_SANITIZE")
 
-# Per-file instruction-set flags, keyed by the file-name suffix. Each kernel variant gets its own
-# CPU_CAPABILITY so at::vec's inline namespace keeps the variants' symbols apart (as in ATen).
-ISA_FLAGS = {
-    "_default.cpp": ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"],
-    "_avx2.cpp": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
-    "_avx512.cpp": [
-        "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512",
-        "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
-    ],
-}
+# at::parallel_for is inline OpenMP: without -fopenmp it silently runs on one thread. The
+# libgomp.so.1 we link against resolves at run time to the one torch has already loaded.
+OPENMP = ["-fopenmp"]
+CXX_FLAGS = ["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function", "-Wno-unknown-pragmas"]
+LINK_FLAGS = ["-ldl"] + OPENMP
+if DEBUG:
+    CXX_FLAGS = ["-O0", "-g", "-Wall", "-Wno-unknown-pragmas"]
+if SANITIZE:
+    _SAN = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+            "-fno-sanitize-recover=undefined"]
+    CXX_FLAGS = ["-O1", "-g"] + _SAN
+    LINK_FLAGS += _SAN
+CXX_FLAGS += OPENMP
+
+DEFINES = []
+if WITH_AVX2:
+    DEFINES.append(("CUSTOM_OPS_WITH_AVX2", "1"))
+if WITH_AVX512:
+    DEFINES.append(("CUSTOM_OPS_WITH_AVX512", "1"))
+
+# The kernel variants and their instruction-set flags. Each gets its own CPU_CAPABILITY so that
+# at::vec's inline namespace keeps the variants' symbols apart (as in ATen).
+#
+# Per-file flags the standard way: each variant is a static library of setuptools' build_clib
+# (compiled -fPIC with its own cflags), linked into _C. Not `#pragma GCC target`: GCC and clang
+# differ in whether it reaches the inline functions of headers included after it (at::vec, c10).
+# One hazard remains with any per-file flags: an inline function with external linkage emitted in
+# several objects is kept once, from the first object linked. The libraries are therefore linked
+# in the order below (portable first, then each ISA after the ones it extends), so a copy built
+# with wider instructions is never the one kept for narrower code; and the kernel files keep
+# error messages and dtype dispatch out (kernel.h), so they emit almost no such functions.
+KERNEL_VARIANTS = [
+    ("default", True, ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"]),
+    ("avx2", WITH_AVX2,
+     ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]),
+    ("avx512", WITH_AVX512,
+     ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512",
+      "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"]),
+]
+# BuildExtension adds these to the extension's own sources; build_clib needs them spelled out.
+_TORCH_CXX = ["-std=c++20", "-fPIC",
+              f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
 
 
-def _isa_of(src):
-    for suffix in ISA_FLAGS:
-        if src.endswith(suffix):
-            return suffix
-    return None
+def _config_stamp():
+    """A file whose content is the kernel build configuration, rewritten only when it changes.
+
+    build_clib rebuilds an object only when a dependency is newer; listing this file as one makes
+    a changed switch (CUSTOM_OPS_DEBUG, ...) or torch version rebuild the kernels.
+    """
+    stamp = os.path.join(ROOT, "build", "custom_ops_kernel_flags.txt")
+    config = repr((torch.__version__, CXX_FLAGS, DEFINES, KERNEL_VARIANTS))
+    os.makedirs(os.path.dirname(stamp), exist_ok=True)
+    try:
+        with open(stamp) as f:
+            if f.read() == config:
+                return stamp
+    except OSError:
+        pass
+    with open(stamp, "w") as f:
+        f.write(config)
+    return stamp
+
+
+def kernel_libraries():
+    """build_clib's libraries: one per kernel variant built here, in KERNEL_VARIANTS order."""
+    headers = sorted(glob.glob(os.path.join("csrc", "cpu", "*.h")))
+    deps = headers + [os.path.relpath(_config_stamp(), ROOT)]
+    return [
+        (f"custom_ops_kernel_{name}", {
+            "sources": [os.path.join("csrc", "cpu", f"kernel_{name}.cpp")],
+            "include_dirs": [CSRC] + include_paths(),
+            "macros": DEFINES,
+            "cflags": CXX_FLAGS + _TORCH_CXX + isa_flags,
+            "obj_deps": {"": deps},
+        })
+        for name, wanted, isa_flags in KERNEL_VARIANTS if wanted
+    ]
 
 
 class BuildExt(BuildExtension):
-    """BuildExtension that adds the ISA flags above to the matching sources only."""
+    """BuildExtension that builds the kernel libraries first, also for a bare `build_ext`."""
 
-    def build_extension(self, ext):
-        compile_all = self.compiler.compile
-
-        def compile_by_isa(sources, *args, extra_postargs=None, **kwargs):
-            objects = []
-            for isa in [None, *ISA_FLAGS]:
-                group = [s for s in sources if _isa_of(s) == isa]
-                if not group:
-                    continue
-                post = extra_postargs
-                if isa is not None:
-                    if isinstance(post, dict):
-                        post = {k: list(v) for k, v in post.items()}
-                        post["cxx"] = post.get("cxx", []) + ISA_FLAGS[isa]
-                    else:
-                        post = list(post or []) + ISA_FLAGS[isa]
-                objects += compile_all(group, *args, extra_postargs=post, **kwargs)
-            return objects
-
-        self.compiler.compile = compile_by_isa
-        try:
-            super().build_extension(ext)
-        finally:
-            self.compiler.compile = compile_all
+    def run(self):
+        self.run_command("build_clib")
+        super().run()
 
 
-def extension():
+def extension(libraries):
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
-    sources += sorted(glob.glob(os.path.join("csrc", "meta", "*.cpp")))
-    sources += sorted(glob.glob(os.path.join("csrc", "npu", "*.cpp")))
-    cpu = sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
-    wanted = {None: True, "_default.cpp": True, "_avx2.cpp": WITH_AVX2, "_avx512.cpp": WITH_AVX512}
-    sources += [s for s in cpu if wanted[_isa_of(s)]]
-
-    # at::parallel_for is inline OpenMP: without -fopenmp it silently runs on one thread. The
-    # libgomp.so.1 we link against resolves at run time to the one torch has already loaded.
-    openmp = ["-fopenmp"]
-    cxx = ["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function", "-Wno-unknown-pragmas"]
-    define_macros = []
-    if WITH_AVX2:
-        define_macros.append(("CUSTOM_OPS_WITH_AVX2", "1"))
-    if WITH_AVX512:
-        define_macros.append(("CUSTOM_OPS_WITH_AVX512", "1"))
-    ldflags = ["-ldl"] + openmp
-    if DEBUG:
-        cxx = ["-O0", "-g", "-Wall", "-Wno-unknown-pragmas"]
-    if SANITIZE:
-        san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
-        cxx = ["-O1", "-g"] + san
-        ldflags += san
+    for sub in ("cpu", "meta", "npu"):
+        sources += sorted(s for s in glob.glob(os.path.join("csrc", sub, "*.cpp"))
+                          if not os.path.basename(s).startswith("kernel_"))
     return CppExtension(
         name="custom_ops._C",
         sources=sources,
-        include_dirs=[os.path.join(ROOT, "csrc")],
-        define_macros=define_macros,
-        extra_compile_args={"cxx": cxx + openmp},
-        extra_link_args=ldflags,
+        include_dirs=[CSRC],
+        define_macros=DEFINES,
+        # Before torch's libraries, in variant order (see KERNEL_VARIANTS).
+        libraries=[name for name, _ in libraries],
+        extra_compile_args={"cxx": CXX_FLAGS},
+        extra_link_args=LINK_FLAGS,
     )
 
+
+KERNEL_LIBRARIES = kernel_libraries()
 
 print(
     f"custom_ops build: torch {torch.__version__}, CPU kernels: portable"
@@ -130,11 +159,17 @@ setup(
     version="0.1.0",
     description="Fused Gated DeltaNet decode step (torch.ops.custom.npu_fused_gdn_decode)",
     packages=find_packages(include=["custom_ops", "custom_ops.*"]),
-    ext_modules=[extension()],
-    cmdclass={"build_ext": BuildExt},
+    libraries=KERNEL_LIBRARIES,
+    ext_modules=[extension(KERNEL_LIBRARIES)],
+    cmdclass={"build_ext": BuildExt, "build_clib": build_clib},
     python_requires=">=3.9",
     # The extension is ABI-bound to the torch it was built against.
     install_requires=[f"torch=={torch.__version__.split('+')[0]}"],
-    extras_require={"test": ["pytest", "numpy"], "bench": ["tqdm", "matplotlib"]},
+    extras_require={
+        # numpy: Triton's interpreter (tests/test_triton_interpret.py) needs it.
+        "test": ["pytest", "numpy", "hypothesis"],
+        # The CPU benchmark's --plot.
+        "bench": ["matplotlib"],
+    },
     zip_safe=False,
 )

@@ -10,24 +10,38 @@ on an H200 (``--quick`` for a shorter run).
 """
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
 import time
 import traceback
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# Run as a script, this directory would come first on sys.path and its cuda.py would shadow the
+# `cuda` package that torch imports; the repository root (custom_ops, benchmarks) takes its place.
+sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 
 import torch  # noqa: E402
 
 import custom_ops  # noqa: E402
-from custom_ops import fallback  # noqa: E402
-from custom_ops import triton_bench as tb  # noqa: E402
-from utils import (  # noqa: E402
-    DTYPE_PAIRS, TOL, Case, call, check_against_reference, clone_inputs, make_inputs, short)
+from benchmarks import cuda as tb  # noqa: E402
+from custom_ops import composite  # noqa: E402
+from custom_ops import cuda as cuda_backend  # noqa: E402
+from custom_ops.testing import (  # noqa: E402
+    DTYPE_PAIRS,
+    TOLERANCES,
+    Case,
+    call,
+    check_against_reference,
+    clone_inputs,
+    make_inputs,
+    short,
+)
 
 DEV = "cuda"
+OP = torch.ops.custom.npu_fused_gdn_decode
 FAILED = []
 
 
@@ -78,9 +92,9 @@ def main():
     @check("cuda-registration")
     def _():
         assert args.cpu_smoke or torch.cuda.is_available(), "no CUDA device"
-        impl = fallback.REGISTERED["CUDA"]
-        assert impl is fallback.fused_gdn_decode_triton_checked, f"CUDA holds {impl.__name__}"
-        assert fallback._load_triton() is not None, "triton kernel module failed to import"
+        impl = cuda_backend.KERNEL
+        assert impl is cuda_backend.fused_gdn_decode_cuda, f"CUDA holds {impl.__name__}"
+        assert cuda_backend._load_triton() is not None, "triton kernel module failed to import"
 
     cases = []
     for d, s in DTYPE_PAIRS:
@@ -107,20 +121,14 @@ def main():
 
     @check("non-contiguous-inputs")
     def _():
-        x = make_inputs(Case(B=9, H=2, Hv=4, K=128, V=64, invalid_rows=(3,)), device=DEV)
-        B, W = x["mixed_qkv"].shape
-        wide = torch.zeros(B, W + 64, dtype=x["mixed_qkv"].dtype, device=DEV)
-        wide[:, 32:32 + W] = x["mixed_qkv"]
-        a_log2 = torch.zeros(2 * x["a_log"].numel(), device=DEV)
-        a_log2[::2] = x["a_log"]
-        y = dict(x, mixed_qkv=wide[:, 32:32 + W], a_log=a_log2[::2],
-                 a=x["a"].t().contiguous().t(), b=x["b"].t().contiguous().t())
-        check_against_reference(y, steps=2, fn=OP)
+        x = make_inputs(Case(B=9, H=2, Hv=4, K=128, V=64, invalid_rows=(3,), layout="strided"),
+                        device=DEV)
+        check_against_reference(x, steps=2, fn=OP)
 
-    @check("reference-fallback-on-cuda")
+    @check("checked-reference-on-cuda")
     def _():
         x = make_inputs(Case(B=7, H=2, Hv=4, K=128, V=64, invalid_rows=(1,)), device=DEV)
-        check_against_reference(x, steps=2, fn=fallback.fused_gdn_decode_fallback)
+        check_against_reference(x, steps=2, fn=composite.fused_gdn_decode_checked_reference)
 
     @check("input-check-and-debug-index-switch")
     def _():
@@ -137,14 +145,14 @@ def main():
             assert "all tensors must be on one device" in str(e)
         pool = x["state_ref"].shape[0]
         bad = dict(x, ssm_state_indices=torch.tensor([1, pool, 2], dtype=torch.int32, device=DEV))
-        old = fallback.set_check_indices(True)
+        old = cuda_backend.set_check_indices(True)
         try:
             call(OP, bad)
             raise AssertionError("out-of-range index accepted with the debug switch on")
         except ValueError as e:
             assert "out of range" in str(e)
         finally:
-            fallback.set_check_indices(old)
+            cuda_backend.set_check_indices(old)
         before = x["state_ref"].clone()
         out = call(OP, clone_inputs(bad))  # switch off: no error, no access outside the pool
         assert torch.count_nonzero(out[1]) == 0
@@ -159,15 +167,14 @@ def main():
         steps = 8
         c = Case(B=48, H=4, Hv=8, K=128, V=128, pool=100, invalid_rows=(7,))
         x = make_inputs(c, device=DEV)
-        g = torch.Generator().manual_seed(1)
-        qkvs = (torch.randn(steps, *x["mixed_qkv"].shape, generator=g)
-                .to(x["mixed_qkv"].dtype).to(DEV))
+        qkvs = [make_inputs(dataclasses.replace(c, seed=1 + t), device=DEV,
+                            state_ref=x["state_ref"])["mixed_qkv"] for t in range(steps)]
         eager_state = x["state_ref"].clone()
         graph_state = x["state_ref"].clone()
         eager_outs = [call(OP, dict(x, mixed_qkv=qkvs[t], state_ref=eager_state))
                       for t in range(steps)]
         # The debug switch must not sync (and so break) a capture: it is skipped while capturing.
-        old = fallback.set_check_indices(True)
+        old = cuda_backend.set_check_indices(True)
         try:
             warm = graph_state.clone()
             s = torch.cuda.Stream()
@@ -180,7 +187,7 @@ def main():
                 graph_outs = [call(OP, dict(x, mixed_qkv=qkvs[t], state_ref=graph_state))
                               for t in range(steps)]
         finally:
-            fallback.set_check_indices(old)
+            cuda_backend.set_check_indices(old)
         graph_state.copy_(x["state_ref"])  # capture does not run the kernels; start from scratch
         graph.replay()
         torch.cuda.synchronize()
@@ -213,14 +220,14 @@ def main():
 
     @check("fla-agrees-with-reference (so its timing is of the same step)")
     def _():
-        x = tb.make_decode_inputs(8, 4, 8, 128, 128, state_dtype=torch.float32, device="cuda")
+        x = make_inputs(tb.decode_case(8, 4, 8, 128, 128), device="cuda")
         fn, note = tb._fla_call(x, 4, 8, 128, 128)
         if fn is None:
             return f"skipped: {note}"
         o, _ = fn()
-        ref = tb._call(custom_ops.fused_gdn_decode_reference, clone_inputs(x))
+        ref = call(custom_ops.fused_gdn_decode_reference, clone_inputs(x))
         err = (o.reshape(ref.shape).float() - ref.float()).abs().max().item()
-        atol, _ = TOL[ref.dtype]
+        atol, _ = TOLERANCES[ref.dtype]
         assert err <= 4 * atol, f"max |fla - ref| = {err:.3g} ({note})"
         return f"(max err {err:.2g}; {note})"
 

@@ -2,7 +2,7 @@
 """Compare custom.npu_fused_gdn_decode on an Ascend NPU (A2/A3) with the CPU path, and time both.
 
 Run on a host with CANN, the FusedGdnDecode op package (its set_env.bash sourced), torch_npu and
-custom_ops installed (README_npu.md):
+custom_ops installed (docs/npu.md):
 
     python benchmarks/npu_vs_cpu.py              # all checks + timings
     python benchmarks/npu_vs_cpu.py --quick      # a few small shapes, no timings
@@ -16,31 +16,33 @@ Exit status 0 only if everything matched.
 """
 
 import argparse
+import os
 import sys
 import time
 
-import torch
+# Run as a script, this directory would come first on sys.path and its cuda.py would shadow the
+# `cuda` package that torch imports.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import torch  # noqa: E402
 
 try:
     import torch_npu  # noqa: F401  (registers the "npu" device)
 except ImportError:
-    sys.exit("torch_npu is not installed: this script needs an Ascend NPU host (README_npu.md)")
-import custom_ops  # noqa: F401  (registers custom.npu_fused_gdn_decode)
+    sys.exit("torch_npu is not installed: this script needs an Ascend NPU host (docs/npu.md)")
+import custom_ops  # noqa: E402,F401  (registers custom.npu_fused_gdn_decode)
+from custom_ops.testing import (  # noqa: E402
+    DTYPE_PAIRS,
+    OP,
+    Case,
+    assert_close,
+    call,
+    make_inputs,
+    short,
+    to_device,
+)
 
-OP = torch.ops.custom.npu_fused_gdn_decode
-
-# Same table as tests/utils.py (atol, rtol).
-TOL = {
-    torch.float32: (2e-5, 2e-5),
-    torch.bfloat16: (1e-2, 1.6e-2),
-    torch.float16: (1e-3, 2e-3),
-}
-DTYPE_PAIRS = [
-    (torch.bfloat16, torch.float32),
-    (torch.float16, torch.float32),
-    (torch.bfloat16, torch.bfloat16),
-    (torch.float16, torch.float16),
-]
 # (name, H, Hv, K, V): Qwen3-Next-80B-A3B and its TP shards; Qwen3.5 ratios 3 and 4.
 SHAPES = [
     ("qwen3-next", 16, 32, 128, 128),
@@ -53,63 +55,31 @@ SHAPES = [
 QUICK_SHAPES = [("small", 2, 4, 64, 16), ("qwen3-next-tp8", 2, 4, 128, 128)]
 
 
-def short(dt):
-    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dt]
-
-
-def make_inputs(B, H, Hv, K, V, dtype, state_dtype, seed=0, views=False):
-    """One call's inputs; with views=True, mixed_qkv is a column window of a wider buffer,
-    a_log/dt_bias/indices are strided views and state_ref starts at a storage offset."""
-    g = torch.Generator().manual_seed(seed)
-    pool = 2 * B + 2
-    rnd = lambda *s, scale=1.0, dt=torch.float32: (torch.randn(*s, generator=g) * scale).to(dt)
-    W = 2 * H * K + Hv * V
-    ab = rnd(B, 2 * Hv, dt=dtype)
-    idx = (torch.randperm(pool - 1, generator=g)[:B] + 1).to(torch.int32)
-    idx[1::7] = 0  # some invalid rows (slot 0 is the null slot)
-    x = dict(
-        mixed_qkv=rnd(B, W, dt=dtype), a=ab[:, :Hv], b=ab[:, Hv:],
-        a_log=rnd(Hv, scale=0.5), dt_bias=rnd(Hv, scale=0.5, dt=dtype),
-        state_ref=rnd(pool, Hv, V, K, scale=0.5, dt=state_dtype), ssm_state_indices=idx,
-        scale=K ** -0.5)
-    if views:
-        x["mixed_qkv"] = torch.cat([rnd(B, 3, dt=dtype), x["mixed_qkv"], rnd(B, 5, dt=dtype)],
-                                   1)[:, 3:3 + W]
-        for name in ("a_log", "dt_bias", "ssm_state_indices"):
-            x[name] = torch.stack([x[name], torch.zeros_like(x[name])], 1)[:, 0]
-        x["state_ref"] = torch.cat([rnd(1, Hv, V, K, dt=state_dtype), x["state_ref"]])[1:]
-    return x
-
-
-def to_device(t, device):
-    """Copies t to `device` keeping its view (strides, storage offset) over a copy of its storage."""
-    n = t.untyped_storage().nbytes() // t.element_size()
-    flat = t.new_empty(0).set_(t.untyped_storage(), 0, (n,), (1,))
-    return flat.to(device).as_strided(t.size(), t.stride(), t.storage_offset())
-
-
-def run(fn, x):
-    return fn(x["mixed_qkv"], x["a"], x["b"], x["a_log"], x["dt_bias"], x["state_ref"],
-              x["ssm_state_indices"], x["scale"])
+def inputs(B, H, Hv, K, V, dtype, state_dtype, seed=0, views=False):
+    """One call's inputs (some invalid rows); with views=True, every input is a view: strided,
+    at a storage offset (custom_ops.testing's "strided" layout)."""
+    return make_inputs(Case(B=B, H=H, Hv=Hv, K=K, V=V, dtype=dtype, state_dtype=state_dtype,
+                            invalid_rows=tuple(range(1, B, 7)), seed=seed,
+                            layout="strided" if views else "split"))
 
 
 def close(actual, expected):
-    atol, rtol = TOL[expected.dtype]
+    """None if actual is within the test suite's tolerance of expected, else why not."""
     try:
-        torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol)
+        assert_close(actual, expected)
         return None
     except AssertionError as e:
         return str(e).splitlines()[0] + " " + " ".join(str(e).splitlines()[1:4])
 
 
 def check(device, name, B, H, Hv, K, V, dtype, state_dtype, steps, views=False):
-    cpu = make_inputs(B, H, Hv, K, V, dtype, state_dtype, views=views)
-    npu = {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in cpu.items()}
+    cpu = inputs(B, H, Hv, K, V, dtype, state_dtype, views=views)
+    npu = to_device(cpu, device)
     cpu["state_ref"] = cpu["state_ref"].clone()
     errors = []
     for step in range(steps):
-        out_cpu = run(OP, cpu)
-        out_npu = run(OP, npu)
+        out_cpu = call(OP, cpu)
+        out_npu = call(OP, npu)
         for what, a, e in (("out", out_npu.cpu(), out_cpu),
                            ("state", npu["state_ref"].cpu(), cpu["state_ref"])):
             err = close(a, e)
@@ -121,17 +91,17 @@ def check(device, name, B, H, Hv, K, V, dtype, state_dtype, steps, views=False):
 def check_stream(device):
     """On a side stream, with the inputs produced by ops queued just before the call (no sync):
     a binding that used another stream or skipped torch_npu's queue flush would read stale data."""
-    cpu = make_inputs(64, 4, 8, 128, 128, torch.bfloat16, torch.float32, seed=1)
-    src = {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in cpu.items()}
+    cpu = inputs(64, 4, 8, 128, 128, torch.bfloat16, torch.float32, seed=1)
+    src = to_device(cpu, device)
     cpu["state_ref"] = cpu["state_ref"].clone()
-    out_cpu = run(OP, cpu)
+    out_cpu = call(OP, cpu)
     s = torch.npu.Stream()
     s.wait_stream(torch.npu.current_stream())
     with torch.npu.stream(s):
         x = dict(src)
         x["mixed_qkv"] = src["mixed_qkv"] * 1  # queued on s right before the op
         x["state_ref"] = src["state_ref"].clone()
-        out = run(OP, x)
+        out = call(OP, x)
         out = out.clone()  # queued after the op, on the same stream
     torch.npu.synchronize()
     return [e for e in (close(out.cpu(), out_cpu), close(x["state_ref"].cpu(), cpu["state_ref"]))
@@ -139,21 +109,21 @@ def check_stream(device):
 
 
 def timing(device, B, H, Hv, K, V, dtype, state_dtype, iters):
-    cpu = make_inputs(B, H, Hv, K, V, dtype, state_dtype)
-    npu = {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in cpu.items()}
+    cpu = inputs(B, H, Hv, K, V, dtype, state_dtype)
+    npu = to_device(cpu, device)
     for _ in range(5):
-        run(OP, npu)
+        call(OP, npu)
     torch.npu.synchronize()
     t0 = time.perf_counter()
     for _ in range(iters):
-        run(OP, npu)
+        call(OP, npu)
     torch.npu.synchronize()
     t_npu = (time.perf_counter() - t0) / iters
-    run(OP, cpu)
+    call(OP, cpu)
     t0 = time.perf_counter()
     n_cpu = max(1, iters // 10)
     for _ in range(n_cpu):
-        run(OP, cpu)
+        call(OP, cpu)
     t_cpu = (time.perf_counter() - t0) / n_cpu
     return t_npu, t_cpu
 

@@ -1,7 +1,10 @@
-// The schema, declared once, and the Python module. Importing custom_ops._C runs the static
-// registrations of every backend file linked into it.
+// The schema, declared once, the internal helper ops, and the (empty) Python module. Importing
+// custom_ops._C runs the static registrations of every backend file linked into it.
 #include <Python.h>
 #include <torch/library.h>
+
+#include <string>
+#include <vector>
 
 #include "cpu/kernel.h"
 #include "fused_gdn_decode.h"
@@ -10,59 +13,50 @@ TORCH_LIBRARY(custom, m) {
   m.def(custom_ops::kFusedGdnDecodeSchema);
 }
 
-// Helpers for the Python backends (fallback.py), kept out of the `custom` namespace: the slot
-// check with the CPU path's exact rules and messages. Takes CPU int32 indices.
+// Helpers for the Python backends and the package, kept out of the `custom` namespace. Defined
+// with a catch-all kernel (CompositeImplicitAutograd), so they run for tensors on any device (CUDA,
+// XPU, Meta, ...) and, for the ISA helpers, with no tensor argument at all.
 TORCH_LIBRARY(custom_ops_internal, m) {
+  // The shared input check on real tensors of any device: devices, dtypes, shapes, strides,
+  // finiteness of the floats. Reads no tensor data.
+  m.def("check_inputs(Tensor mixed_qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, "
+        "Tensor state_ref, Tensor ssm_state_indices, float scale, float softplus_threshold) -> ()",
+        [](const at::Tensor& mixed_qkv, const at::Tensor& a, const at::Tensor& b,
+           const at::Tensor& a_log, const at::Tensor& dt_bias, const at::Tensor& state_ref,
+           const at::Tensor& ssm_state_indices, double scale, double softplus_threshold) {
+          custom_ops::check_fused_gdn_decode_inputs(mixed_qkv, a, b, a_log, dt_bias, state_ref,
+                                                    ssm_state_indices, scale, softplus_threshold);
+        });
+  // The slot check with the CPU path's exact rules and messages. Takes CPU int32 indices.
   m.def("check_slot_indices(Tensor indices, int block_num) -> ()",
         [](const at::Tensor& indices, int64_t block_num) {
           custom_ops::check_slot_indices(indices, block_num);
         });
+  // The CPU kernel variant in use: "avx512", "avx2" or "portable".
+  m.def("cpu_isa() -> str", []() -> std::string {
+    return custom_ops::cpu::isa_name(custom_ops::cpu::current_isa());
+  });
+  // The variants this build and this CPU can run.
+  m.def("cpu_isas() -> str[]", []() {
+    std::vector<std::string> names;
+    for (auto isa : custom_ops::cpu::available_isas()) {
+      names.emplace_back(custom_ops::cpu::isa_name(isa));
+    }
+    return names;
+  });
+  // Switches the variant ("auto", "portable", "avx2", "avx512"); returns the previous one.
+  // ValueError for an unknown name or one this build/CPU cannot run.
+  m.def("set_cpu_isa(str name) -> str", [](const std::string& name) -> std::string {
+    std::string previous = custom_ops::cpu::isa_name(custom_ops::cpu::current_isa());
+    std::string error;
+    TORCH_CHECK_VALUE(custom_ops::cpu::set_isa(name, &error), error);
+    return previous;
+  });
 }
 
-namespace {
-
-// _C._cpu_isa() -> str: the CPU kernel variant in use ("avx512", "avx2" or "portable").
-PyObject* py_cpu_isa(PyObject*, PyObject*) {
-  return PyUnicode_FromString(custom_ops::cpu::isa_name(custom_ops::cpu::current_isa()));
-}
-
-// _C._set_cpu_isa(name) -> str: switch variant (see kernel.h: set_isa); returns the
-// previous one. Raises ValueError for an unknown name or one this CPU/build cannot run.
-PyObject* py_set_cpu_isa(PyObject*, PyObject* arg) {
-  const char* name = PyUnicode_AsUTF8(arg);
-  if (name == nullptr) {
-    return nullptr;
-  }
-  const char* previous = custom_ops::cpu::isa_name(custom_ops::cpu::current_isa());
-  std::string error;
-  if (!custom_ops::cpu::set_isa(name, &error)) {
-    PyErr_SetString(PyExc_ValueError, error.c_str());
-    return nullptr;
-  }
-  return PyUnicode_FromString(previous);
-}
-
-// _C._cpu_isas() -> list[str]: the variants this build and this CPU can run.
-PyObject* py_cpu_isas(PyObject*, PyObject*) {
-  PyObject* list = PyList_New(0);
-  for (auto isa : custom_ops::cpu::available_isas()) {
-    PyObject* s = PyUnicode_FromString(custom_ops::cpu::isa_name(isa));
-    PyList_Append(list, s);
-    Py_DECREF(s);
-  }
-  return list;
-}
-
-PyMethodDef kMethods[] = {
-    {"_cpu_isa", py_cpu_isa, METH_NOARGS, "CPU kernel variant in use."},
-    {"_set_cpu_isa", py_set_cpu_isa, METH_O, "Select the CPU kernel variant; returns the old one."},
-    {"_cpu_isas", py_cpu_isas, METH_NOARGS, "CPU kernel variants available here."},
-    {nullptr, nullptr, 0, nullptr}};
-
-PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, kMethods};
-
-} // namespace
-
+// custom_ops._C is an empty Python module (as in pytorch/extension-cpp): importing it loads this
+// library, whose static TORCH_LIBRARY blocks register everything above and every backend.
 PyMODINIT_FUNC PyInit__C(void) {
-  return PyModule_Create(&kModule);
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module);
 }

@@ -1,19 +1,28 @@
 """custom_ops: a fused Gated DeltaNet decode step, ``torch.ops.custom.npu_fused_gdn_decode``.
 
 Importing the package loads the C++ extension, which registers the schema and its CPU, NPU
-(PrivateUse1) and Meta implementations; on torchair hosts it also registers the graph-mode
-converter. See ``fused_gdn_decode`` for the typed wrapper and ``fused_gdn_decode_reference`` for
-the pure-torch oracle.
+(PrivateUse1) and Meta kernels, then the Python registrations (``cuda``: the Triton kernel;
+``composite``: the checked reference for every other device); on torchair hosts it also registers
+the graph-mode converter. See ``fused_gdn_decode`` for the typed wrapper and
+``fused_gdn_decode_reference`` for the pure-torch oracle.
 """
 
 import logging
 
 import torch
 
-from . import _C  # noqa: F401  (registers the op with the dispatcher)
-from . import fallback  # noqa: F401  (CUDA via Triton if installed, reference elsewhere)
-from .ops import fused_gdn_decode
-from .reference import fused_gdn_decode_reference
+try:
+    from . import _C  # noqa: F401  (an empty module: loading it runs the C++ registrations)
+except ImportError as e:
+    raise ImportError(
+        f"custom_ops: cannot load the C++ extension custom_ops._C ({e}). It must be built against "
+        f"the installed torch ({torch.__version__}): run `bash build_and_install.sh`, or "
+        "`python setup.py build_ext --inplace` in a checkout.") from e
+
+from . import composite, cuda  # noqa: E402,F401  (register the Python kernels)
+from .cpu import cpu_isa, cpu_isas, set_cpu_isa  # noqa: E402
+from .ops import fused_gdn_decode  # noqa: E402
+from .reference import fused_gdn_decode_reference  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -24,22 +33,6 @@ __all__ = [
     "set_cpu_isa",
     "cpu_isas",
 ]
-
-
-def cpu_isa() -> str:
-    """The CPU kernel variant in use: ``"avx512"``, ``"avx2"`` or ``"portable"``."""
-    return _C._cpu_isa()
-
-
-def cpu_isas() -> list:
-    """The CPU kernel variants this build can run on this CPU."""
-    return _C._cpu_isas()
-
-
-def set_cpu_isa(name: str) -> str:
-    """Select the CPU kernel variant (``"auto"``, ``"portable"``, ``"avx2"`` or ``"avx512"``);
-    returns the previous one. ``CUSTOM_OPS_CPU_ISA=<name>`` does the same at import time."""
-    return _C._set_cpu_isa(name)
 
 
 def _register_converter():

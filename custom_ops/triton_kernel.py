@@ -6,7 +6,7 @@ reads its (BV, K) tile of ``state_ref[slot, j]`` once, updates it in fp32, reads
 the updated tile and writes the tile back once. The full K extent of a row stays in registers
 because u = S k needs the whole row before the rank-one update.
 
-This module does no input checking: ``custom_ops.fallback`` registers the checked entry point.
+This module does no input checking: ``custom_ops.cuda`` registers the checked entry point.
 Importing it needs triton; the kernel is jitted on first launch, so ``TRITON_INTERPRET=1`` may be
 set any time before the first call (the tests rely on that).
 """

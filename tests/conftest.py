@@ -1,8 +1,13 @@
 import os
-import sys
 
-# Make `from utils import ...` work whatever the rootdir.
-sys.path.insert(0, os.path.dirname(__file__))
+# The Triton kernel runs on CPU tensors through Triton's interpreter here (there is no GPU). Set
+# before anything jits it: custom_ops.triton_kernel decorates the kernel on its first launch.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+import custom_ops  # noqa: E402
+from custom_ops.testing import use_cpu_isa, use_threads  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -15,3 +20,27 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     if config.getoption("--slow", default=False):
         os.environ.setdefault("CUSTOM_OPS_FUZZ_SLOW", "1")
+
+
+@pytest.fixture(params=custom_ops.cpu_isas())
+def isa(request):
+    """Each CPU kernel variant this build runs here (portable included), selected for the test
+    and restored after it."""
+    with use_cpu_isa(request.param):
+        assert custom_ops.cpu_isa() == request.param
+        yield request.param
+
+
+@pytest.fixture(params=[1, 2])
+def threads(request):
+    """1 and 2 intra-op threads (torch.set_num_threads), restored after the test."""
+    with use_threads(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test: a small call shared among OpenMP threads on a busy CI
+    machine costs more in barriers than it computes (results do not depend on it)."""
+    with use_threads(1):
+        yield

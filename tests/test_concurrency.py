@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from utils import OP
+from custom_ops.testing import OP, Case, call, make_inputs
 
 THREADS, STEPS = 4, 12
 B, H, HV, K, V = 5, 2, 8, 128, 64
@@ -21,39 +21,37 @@ POOL = 1 + THREADS * PER_THREAD + 3  # the null slot, the threads' slots, three 
 
 
 def _schedule():
-    """Per thread, per step: the call's inputs (slots drawn from the thread's own slots, with an
-    invalid row most steps)."""
+    """The shared pool, and per thread, per step: the call's inputs on it (slots drawn from the
+    thread's own slots, with an invalid row most steps)."""
     g = torch.Generator().manual_seed(7)
-    W = 2 * H * K + HV * V
+    state = make_inputs(Case(B=B, H=H, Hv=HV, K=K, V=V, pool=POOL, seed=7))["state_ref"]
     plans = []
     for t in range(THREADS):
         own = torch.arange(1 + t * PER_THREAD, 1 + (t + 1) * PER_THREAD, dtype=torch.int32)
         steps = []
-        for _ in range(STEPS):
+        for step in range(STEPS):
             idx = own[torch.randperm(PER_THREAD, generator=g)[:B]].clone()
             if torch.rand(1, generator=g) < 0.7:
                 idx[torch.randint(B, (1,), generator=g)] = 0
-            ab = torch.randn(B, 2 * HV, generator=g).bfloat16()
-            steps.append((torch.randn(B, W, generator=g).bfloat16(), ab[:, :HV], ab[:, HV:], idx))
+            case = Case(B=B, H=H, Hv=HV, K=K, V=V, indices=tuple(idx.tolist()),
+                        seed=100 * t + step)
+            steps.append(make_inputs(case, state_ref=state))
         plans.append(steps)
-    a_log = torch.randn(HV, generator=g) * 0.5
-    dt_bias = (torch.randn(HV, generator=g) * 0.5).bfloat16()
-    state = torch.randn(POOL, HV, V, K, generator=g) * 0.5
-    return plans, a_log, dt_bias, state
+    return plans, state
 
 
-def _run_steps(steps, a_log, dt_bias, state, outs):
-    for qkv, a, b, idx in steps:
-        outs.append(OP(qkv, a, b, a_log, dt_bias, state, idx, K**-0.5))
+def _run_steps(steps, state, outs):
+    for x in steps:
+        outs.append(call(OP, dict(x, state_ref=state)))
 
 
 def test_threads_on_disjoint_slots_match_sequential_calls():
-    plans, a_log, dt_bias, state0 = _schedule()
+    plans, state0 = _schedule()
 
     sequential = state0.clone()
     seq_outs = [[] for _ in range(THREADS)]
     for t in range(THREADS):
-        _run_steps(plans[t], a_log, dt_bias, sequential, seq_outs[t])
+        _run_steps(plans[t], sequential, seq_outs[t])
 
     for attempt in range(3):  # different interleavings each time
         shared = state0.clone()
@@ -64,7 +62,7 @@ def test_threads_on_disjoint_slots_match_sequential_calls():
         def worker(t):
             try:
                 start.wait()
-                _run_steps(plans[t], a_log, dt_bias, shared, outs[t])
+                _run_steps(plans[t], shared, outs[t])
             except BaseException as e:  # surfaced below; a thread's exception is otherwise lost
                 errors.append(e)
 
@@ -82,8 +80,8 @@ def test_threads_on_disjoint_slots_match_sequential_calls():
         assert torch.equal(shared[0], state0[0]) and torch.equal(shared[-3:], state0[-3:])
 
 
-def _spinner_coverage(call):
-    """Runs `call` once while a Python thread spins; returns (call seconds, fraction of the call
+def _spinner_coverage(fn):
+    """Runs `fn` once while a Python thread spins; returns (call seconds, fraction of the call
     during which the spinner kept running). With the GIL held by the call it would be about 0."""
     stamps, stop = [], threading.Event()
 
@@ -95,7 +93,7 @@ def _spinner_coverage(call):
     th.start()
     time.sleep(0.02)
     t0 = time.perf_counter()
-    call()
+    fn()
     t1 = time.perf_counter()
     stop.set()
     th.join()
@@ -104,30 +102,20 @@ def _spinner_coverage(call):
     return t1 - t0, covered / (t1 - t0)
 
 
-def test_op_releases_the_gil():
+def test_op_releases_the_gil(one_thread):
     """A Python thread keeps running during a long op call (one intra-op thread, a large pool)."""
-    g = torch.Generator().manual_seed(0)
-    Bn, Hn, Hvn, Kn, Vn = 24, 16, 32, 128, 128
-    W = 2 * Hn * Kn + Hvn * Vn
-    qkv = torch.randn(Bn, W, generator=g).bfloat16()
-    ab = torch.randn(Bn, 2 * Hvn, generator=g).bfloat16()
-    state = torch.randn(Bn + 1, Hvn, Vn, Kn, generator=g)
-    idx = torch.arange(1, Bn + 1, dtype=torch.int32)
-    a_log, dt_bias = torch.zeros(Hvn), torch.zeros(Hvn, dtype=torch.bfloat16)
+    Bn = 24
+    x = make_inputs(Case(B=Bn, H=16, Hv=32, K=128, V=128, pool=Bn + 1,
+                         indices=tuple(range(1, Bn + 1))))
 
-    def call():
-        OP(qkv, ab[:, :Hvn], ab[:, Hvn:], a_log, dt_bias, state, idx, Kn**-0.5)
+    def one_call():
+        call(OP, x)
 
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        call()  # warm-up
-        results = []
-        for _ in range(3):  # scheduler noise on a busy machine: one clean run is enough
-            results.append(_spinner_coverage(call))
-            if results[-1][1] > 0.5:
-                break
-    finally:
-        torch.set_num_threads(old)
+    one_call()  # warm-up
+    results = []
+    for _ in range(3):  # scheduler noise on a busy machine: one clean run is enough
+        results.append(_spinner_coverage(one_call))
+        if results[-1][1] > 0.5:
+            break
     assert max(cov for _, cov in results) > 0.5, (
         f"a Python thread made no progress during the op call (duration, coverage): {results}")

@@ -1,4 +1,4 @@
-"""The CPU op against the pure-torch reference (SPEC.md semantics), and its slot, stride and
+"""The CPU op against the pure-torch reference (docs/spec.md semantics), and its slot, stride and
 determinism guarantees."""
 
 import itertools
@@ -7,9 +7,20 @@ import pytest
 import torch
 
 import custom_ops
-from utils import (
-    DTYPE_PAIRS, OP, Case, assert_close, call, check_against_reference, clone_inputs, make_inputs,
+from custom_ops.testing import (
+    ARG_NAMES,
+    DTYPE_PAIR_IDS,
+    DTYPE_PAIRS,
+    OP,
+    Case,
+    assert_close,
+    call,
+    check_against_reference,
+    clone_inputs,
+    make_inputs,
     short,
+    use_cpu_isa,
+    use_threads,
 )
 
 
@@ -33,8 +44,7 @@ def test_matches_reference(case):
     check_against_reference(make_inputs(case), steps=2)
 
 
-@pytest.mark.parametrize("dtype,state_dtype", DTYPE_PAIRS,
-                         ids=[f"{short(a)}-{short(b)}" for a, b in DTYPE_PAIRS])
+@pytest.mark.parametrize("dtype,state_dtype", DTYPE_PAIRS, ids=DTYPE_PAIR_IDS)
 def test_qwen3_next_decode_steps(dtype, state_dtype):
     """Realistic shapes (Qwen3-Next: H=16, Hv=32, K=V=128), several steps on the same slots with
     an invalid row among them."""
@@ -57,8 +67,6 @@ _VARIANT_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("isa", custom_ops.cpu_isas())
-@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("K,state_dtype", _VARIANT_SHAPES,
                          ids=[f"K{k}-{short(s)}" for k, s in _VARIANT_SHAPES])
 def test_every_kernel_variant(isa, threads, K, state_dtype):
@@ -67,36 +75,34 @@ def test_every_kernel_variant(isa, threads, K, state_dtype):
     dtype = torch.float16 if state_dtype == torch.float16 else torch.bfloat16
     case = Case(B=5, H=2, Hv=6, K=K, V=12, dtype=dtype, state_dtype=state_dtype,
                 invalid_rows=(1, 4))
-    old_isa, old_threads = custom_ops.set_cpu_isa(isa), torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        assert custom_ops.cpu_isa() == isa
-        check_against_reference(make_inputs(case), steps=2)
-    finally:
-        custom_ops.set_cpu_isa(old_isa)
-        torch.set_num_threads(old_threads)
+    check_against_reference(make_inputs(case), steps=2)
 
 
 def test_variants_agree_closely():
     """All variants compute the same thing; they may differ only by fp32 summation order."""
     inputs = make_inputs(Case(B=4, H=2, Hv=4, K=136, V=32, state_dtype=torch.float32))
     results = []
-    old = custom_ops.cpu_isa()
-    try:
-        for isa in custom_ops.cpu_isas():
-            custom_ops.set_cpu_isa(isa)
+    for isa in custom_ops.cpu_isas():
+        with use_cpu_isa(isa):
             x = clone_inputs(inputs)
             results.append((call(OP, x), x["state_ref"]))
-    finally:
-        custom_ops.set_cpu_isa(old)
     for out, state in results[1:]:
         assert_close(out, results[0][0], "out")
         assert_close(state, results[0][1], "state")
 
 
 def test_set_cpu_isa_rejects_unknown():
+    before = custom_ops.cpu_isa()
     with pytest.raises(ValueError, match="unknown CPU kernel variant 'sse9'"):
         custom_ops.set_cpu_isa("sse9")
+    assert custom_ops.cpu_isa() == before
+
+
+def test_set_cpu_isa_returns_the_previous_variant(isa):
+    assert custom_ops.set_cpu_isa("portable") == isa
+    assert custom_ops.cpu_isa() == "portable"
+    assert custom_ops.set_cpu_isa(isa) == "portable"
+    assert "portable" in custom_ops.cpu_isas()
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=short)
@@ -145,7 +151,6 @@ def _strided_copy(t, pad=3):
     return view
 
 
-@pytest.mark.parametrize("isa", custom_ops.cpu_isas())
 def test_non_contiguous_inputs_match_contiguous(isa):
     """Views (strided, offset) of every input but the state give bit-identical results."""
     inputs = make_inputs(Case(B=5, H=2, Hv=4, K=72, V=16, invalid_rows=(2,)))
@@ -161,12 +166,8 @@ def test_non_contiguous_inputs_match_contiguous(isa):
     pool[1:] = inputs["state_ref"]
     strided["state_ref"] = pool[1:]
     contiguous["state_ref"] = inputs["state_ref"].clone()
-    old = custom_ops.set_cpu_isa(isa)
-    try:
-        out_c = call(OP, contiguous)
-        out_s = call(OP, strided)
-    finally:
-        custom_ops.set_cpu_isa(old)
+    out_c = call(OP, contiguous)
+    out_s = call(OP, strided)
     assert torch.equal(out_c, out_s)
     assert torch.equal(contiguous["state_ref"], strided["state_ref"])
     assert (pool[0] == 7.0).all()  # the storage before the view is not written
@@ -186,22 +187,21 @@ def test_softplus_threshold_keyword():
 def test_deterministic_across_runs_and_threads(state_dtype):
     inputs = make_inputs(Case(B=9, H=2, Hv=8, K=136, V=32, state_dtype=state_dtype))
     results = []
-    old = torch.get_num_threads()
-    try:
-        for threads in (1, 2, 2, 1):
-            torch.set_num_threads(threads)
+    for threads in (1, 2, 2, 1):
+        with use_threads(threads):
             x = clone_inputs(inputs)
             results.append((call(OP, x), x["state_ref"]))
-    finally:
-        torch.set_num_threads(old)
     for out, state in results[1:]:
         assert torch.equal(out, results[0][0])
         assert torch.equal(state, results[0][1])
 
 
-def test_wrapper_matches_op_and_documents_shapes():
-    inputs = make_inputs(Case())
+@pytest.mark.parametrize("threshold", [20.0, 2.0])
+def test_wrapper_matches_op(threshold):
+    inputs = make_inputs(Case(seed=3))
+    inputs["a"].mul_(0).add_(8)  # x = a + dt_bias around 8: above a threshold of 2
     a, b = clone_inputs(inputs), clone_inputs(inputs)
-    assert torch.equal(call(custom_ops.fused_gdn_decode, a), call(OP, b))
+    out = custom_ops.fused_gdn_decode(*(a[k] for k in ARG_NAMES), a["scale"],
+                                      softplus_threshold=threshold)
+    assert torch.equal(out, call(OP, b, softplus_threshold=threshold))
     assert torch.equal(a["state_ref"], b["state_ref"])
-    assert "[B, 2*H*K + Hv*V]" in custom_ops.fused_gdn_decode.__doc__

@@ -18,7 +18,7 @@ import custom_ops
 import custom_ops.converter as converter_pkg
 from custom_ops import fused_gdn_decode_reference
 from custom_ops.converter import fused_gdn_decode as conv_mod
-from utils import OP, Case, assert_close, call, clone_inputs, make_inputs
+from custom_ops.testing import OP, Case, assert_close, call, clone_inputs, make_inputs
 
 ARGS = ("mixed_qkv", "a", "b", "a_log", "dt_bias", "state_ref", "ssm_state_indices")
 GE_INPUTS = ["mixed_qkv", "a", "b", "a_log", "dt_bias", "state", "ssm_state_indices"]

@@ -11,7 +11,7 @@ import math
 import torch
 
 from custom_ops import fused_gdn_decode_reference
-from utils import OP, TOL
+from custom_ops.testing import OP, TOLERANCES, Case, make_inputs
 
 STEPS = 2000
 B, H, HV, K, V = 10, 2, 4, 128, 32
@@ -23,36 +23,28 @@ def _rel(x, ref):
     return ((x.double() - ref).norm() / ref.norm()).item()
 
 
-def test_two_thousand_steps():
+def test_two_thousand_steps(one_thread):
     # One intra-op thread: these calls are far too small to share, and on a busy CI machine OpenMP
     # barriers would dominate the run time (the kernel's result does not depend on it).
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        _run()
-    finally:
-        torch.set_num_threads(old_threads)
-
-
-def _run():
     g = torch.Generator().manual_seed(2026)
-    W = 2 * H * K + HV * V
+    case = Case(B=B, H=H, Hv=HV, K=K, V=V, pool=POOL, seed=2026)
+    first = make_inputs(case)
     # Per-head decay rates from short to long memory (exp(g) from about 0.5 to 0.998 per step).
     a_log = torch.tensor([-6.0, -4.0, -2.0, 0.0])
-    dt_bias = (torch.randn(HV, generator=g) * 0.5).bfloat16()
-    state0 = torch.randn(POOL, HV, V, K, generator=g) * 0.1
+    dt_bias = first["dt_bias"]
+    state0 = first["state_ref"] * 0.2  # values around 0.1
     s32, s16 = state0.clone(), state0.bfloat16()
     s64 = state0.double()
     state0_16 = s16.clone()
 
     for step in range(STEPS):
-        qkv = torch.randn(B, W, generator=g).bfloat16()
-        ab = torch.randn(B, 2 * HV, generator=g).bfloat16()
-        a, b = ab[:, :HV], ab[:, HV:]
         slots = torch.randperm(POOL - 3, generator=g)[:B] + 1  # from 1 .. POOL-3
         invalid = torch.rand(B, generator=g) < 0.25
-        idx = torch.where(invalid, -(slots % 2), slots).to(torch.int32)  # 0 or -1 when invalid
-        scale = K**-0.5
+        idx = torch.where(invalid, -(slots % 2), slots)  # 0 or -1 when invalid
+        x = make_inputs(Case(B=B, H=H, Hv=HV, K=K, V=V, indices=tuple(idx.tolist()), seed=step),
+                        state_ref=s32)
+        qkv, a, b, idx, scale = (x[k] for k in ("mixed_qkv", "a", "b", "ssm_state_indices",
+                                                "scale"))
         out32 = OP(qkv, a, b, a_log, dt_bias, s32, idx, scale)
         out16 = OP(qkv, a, b, a_log, dt_bias, s16, idx, scale)
         # The reference on the same (exactly widened) inputs, all in float64.
@@ -75,9 +67,9 @@ def _run():
           ", ".join(f"{k}={v:.3g}" for k, v in drift.items()))
 
     # float32 state: within the float32 tolerance of the float64 run; outputs within bf16's.
-    atol, rtol = TOL[torch.float32]
+    atol, rtol = TOLERANCES[torch.float32]
     torch.testing.assert_close(s32.double(), s64, atol=atol, rtol=rtol)
-    atol, rtol = TOL[torch.bfloat16]
+    atol, rtol = TOLERANCES[torch.bfloat16]
     torch.testing.assert_close(out32.double(), out64, atol=atol, rtol=rtol)
 
     # bfloat16 state: finite, bounded by the reference's range, a few bf16 roundings off overall.

@@ -18,7 +18,16 @@ import subprocess
 import pytest
 import torch
 
-from utils import DTYPE_PAIRS, OP, Case, assert_close, call, make_inputs, short
+from custom_ops.testing import (
+    DTYPE_PAIR_IDS,
+    DTYPE_PAIRS,
+    OP,
+    Case,
+    assert_close,
+    call,
+    make_inputs,
+    to_device,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKE_SRC = os.path.join(HERE, "fake_acl", "fake_opapi.cpp")
@@ -33,7 +42,7 @@ _REAL_BACKEND = (importlib.util.find_spec("torch_npu") is not None
 pytestmark = [
     pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the fakes"),
     pytest.mark.skipif(_REAL_BACKEND, reason="a real PrivateUse1 backend (torch_npu) is present; "
-                       "verify there with benchmarks/npu_vs_cpu.py (README_npu.md)"),
+                       "verify there with benchmarks/npu_vs_cpu.py (docs/npu.md)"),
 ]
 
 
@@ -133,15 +142,9 @@ def fake(env, tmp_path, fake_builds, device):
     lib.fake_acl_set_live_checker(None)
 
 
-def to_npu(t):
-    """Moves t to the fake npu keeping its exact view: same storage size, strides and offset."""
-    n = t.untyped_storage().nbytes() // t.element_size()
-    flat = t.new_empty(0).set_(t.untyped_storage(), 0, (n,), (1,))
-    return flat.to(DEV).as_strided(t.size(), t.stride(), t.storage_offset())
-
-
 def npu_inputs(inputs):
-    return {k: (to_npu(v) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    """The inputs on the fake npu, each keeping its exact view (storage size, strides, offset)."""
+    return to_device(inputs, DEV)
 
 
 def run_both(inputs, **kw):
@@ -167,7 +170,7 @@ def assert_balanced(lib):
 # ---- results ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype,state_dtype", DTYPE_PAIRS,
-                         ids=[f"{short(a)}-{short(b)}" for a, b in DTYPE_PAIRS])
+                         ids=DTYPE_PAIR_IDS)
 def test_matches_cpu(fake, dtype, state_dtype):
     case = Case(B=4, H=2, Hv=4, K=64, V=16, dtype=dtype, state_dtype=state_dtype,
                 invalid_rows=(1, 2))
@@ -191,29 +194,14 @@ def test_gqa_ratio_3_and_k_not_multiple_of_16(fake):
 
 
 def test_non_contiguous_views_and_storage_offsets(fake):
-    inputs = make_inputs(Case(B=3, H=1, Hv=2, K=64, V=16))
-    g = torch.Generator().manual_seed(7)
-    B, W = inputs["mixed_qkv"].shape
-    Hv = 2
-    # mixed_qkv: a column window of a wider buffer (row stride > width, storage offset 5)
-    wide = torch.randn(B, W + 9, generator=g).to(torch.bfloat16)
-    wide[:, 5:5 + W] = inputs["mixed_qkv"]
-    inputs["mixed_qkv"] = wide[:, 5:5 + W]
-    # a: transposed (strides (1, B)); b: column slice with an offset (from make_inputs)
-    inputs["a"] = inputs["a"].t().contiguous().t()
-    # a_log, dt_bias, indices: every other element, with an offset
-    for name in ("a_log", "dt_bias", "ssm_state_indices"):
-        t = inputs[name]
-        buf = torch.zeros(2 * t.numel() + 1, dtype=t.dtype)
-        buf[1::2] = t
-        inputs[name] = buf[1::2]
-    # state: contiguous but not at the start of its storage
-    pool = inputs["state_ref"]
-    big = torch.cat([torch.randn(1, *pool.shape[1:], generator=g), pool])
-    inputs["state_ref"] = big[1:]
+    inputs = make_inputs(Case(B=3, H=1, Hv=2, K=64, V=16, layout="strided"))
+    # Every input a view: offsets, row strides wider than the row, a column-major a, every other
+    # element of the vectors, a state that does not start its storage.
+    for name, t in inputs.items():
+        if torch.is_tensor(t) and name != "state_ref":
+            assert not t.is_contiguous() or t.storage_offset() > 0, name
     assert inputs["state_ref"].is_contiguous() and inputs["state_ref"].storage_offset() > 0
-    assert not inputs["mixed_qkv"].is_contiguous() and inputs["mixed_qkv"].storage_offset() == 5
-    assert inputs["a"].stride() == (1, B) and inputs["b"].storage_offset() == Hv
+    assert inputs["a"].stride() == (1, 3) and inputs["mixed_qkv"].storage_offset() > 0
 
     out_cpu, state_cpu, out_npu, state_npu = run_both(inputs)
     assert_close(out_npu, out_cpu, "out")

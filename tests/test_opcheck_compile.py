@@ -4,7 +4,7 @@ kernel, AOT dispatch) and torch.compile(fullgraph=True) against eager."""
 import pytest
 import torch
 
-from utils import OP, Case, assert_close, call, clone_inputs, make_inputs
+from custom_ops.testing import OP, Case, assert_close, call, clone_inputs, make_inputs
 
 OPCHECK_CASES = [
     Case(B=3, H=2, Hv=4, K=64, V=16),

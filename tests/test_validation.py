@@ -1,196 +1,317 @@
-"""Every rejection in SPEC.md "Validation": exception type, a message fragment naming the argument,
-and state_ref left bit-for-bit unchanged. The Meta kernel rejects the same inputs."""
+"""Every rejection of docs/spec.md "Validation", in one table run against every backend: the CPU op,
+the Meta kernel (meta tensors and FakeTensor), the checked reference registered for devices without
+a kernel (custom_ops.composite, reached through the XPU key), and the Triton kernel's CUDA entry
+(through Triton's interpreter). Each rejected call must raise the documented exception type with a
+message naming the argument (the CPU op's message, on every backend) and leave every byte of
+state_ref as it was.
+"""
+
+import dataclasses
+import logging
+from typing import Callable
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
-from utils import OP, Case, call, make_inputs
+from custom_ops import cuda as cuda_backend
+from custom_ops.testing import ARG_NAMES, OP, Case, call, make_inputs, storage_bytes, to_meta
 
+BASE = Case(B=3, H=2, Hv=4, K=64, V=16)  # BlockNum 8, width 2*2*64 + 4*16 = 320
+FP16 = dataclasses.replace(BASE, dtype=torch.float16, state_dtype=torch.float16)
 U32 = 2**32  # one past UINT32_MAX
+INT32_MAX = 2**31 - 1
+RANK = {"mixed_qkv": 2, "a": 2, "b": 2, "a_log": 1, "dt_bias": 1, "state_ref": 4,
+        "ssm_state_indices": 1}
+ALL_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+              torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64]
+# Dtypes the message spells as Python does (the others by their C++ names).
+PY_SPELLED = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+              torch.int32, torch.int16}
 
 
-def base(**kw):
-    return make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16, **kw))
-
-
-def with_(inputs, **changes):
-    x = dict(inputs)
-    x.update(changes)
-    return x
+@dataclasses.dataclass(frozen=True)
+class Rejection:
+    id: str
+    change: Callable  # valid inputs -> bad ones; a "softplus_threshold" key sets that argument
+    exc: type
+    fragment: str  # part of the message, naming the argument
+    case: Case = BASE
+    # "values": needs the index values (Meta/FakeTensor cannot see them);
+    # "devices": tensors on two devices (meta tensors and FakeTensor put all on one).
+    needs: str = ""
 
 
 def expanded(shape, dtype):
-    """A huge tensor without memory (stride 0): lets the CPU path see sizes beyond UINT32_MAX."""
+    """A huge tensor without memory (stride 0): lets every backend see sizes beyond UINT32_MAX."""
     return torch.zeros((1,) * len(shape), dtype=dtype).expand(*shape)
 
 
-def _state_like(x, shape=None, dtype=None):
+def state(x, shape=None, dtype=None):
     s = x["state_ref"]
     return torch.zeros(shape or s.shape, dtype=dtype or s.dtype)
 
 
-# (id, build(inputs) -> bad inputs, exception type, message fragment)
-REJECTIONS = [
-    # ranks
-    ("rank-mixed_qkv", lambda x: with_(x, mixed_qkv=x["mixed_qkv"][None]), ValueError,
-     "mixed_qkv must be a 2-D tensor"),
-    ("rank-a", lambda x: with_(x, a=x["a"][0]), ValueError, "a must be a 2-D tensor"),
-    ("rank-b", lambda x: with_(x, b=x["b"][None]), ValueError, "b must be a 2-D tensor"),
-    ("rank-a_log", lambda x: with_(x, a_log=x["a_log"][None]), ValueError,
-     "a_log must be a 1-D tensor"),
-    ("rank-dt_bias", lambda x: with_(x, dt_bias=x["dt_bias"][0]), ValueError,
-     "dt_bias must be a 1-D tensor"),
-    ("rank-state_ref", lambda x: with_(x, state_ref=x["state_ref"][0]), ValueError,
-     "state_ref must be a 4-D tensor"),
-    ("rank-indices", lambda x: with_(x, ssm_state_indices=x["ssm_state_indices"][None]),
-     ValueError, "ssm_state_indices must be a 1-D tensor"),
-    # dtypes
-    ("dtype-mixed_qkv-fp32", lambda x: with_(x, mixed_qkv=x["mixed_qkv"].float()), TypeError,
-     "mixed_qkv must have dtype torch.bfloat16 or torch.float16, but got torch.float32"),
-    ("dtype-a", lambda x: with_(x, a=x["a"].half()), TypeError,
-     "a must have dtype torch.bfloat16 (the dtype of mixed_qkv), but got torch.float16"),
-    ("dtype-b", lambda x: with_(x, b=x["b"].float()), TypeError, "b must have dtype torch.bfloat16"),
-    ("dtype-dt_bias", lambda x: with_(x, dt_bias=x["dt_bias"].float()), TypeError,
-     "dt_bias must have dtype torch.bfloat16"),
-    ("dtype-a_log", lambda x: with_(x, a_log=x["a_log"].bfloat16()), TypeError,
-     "a_log must have dtype torch.float32, but got torch.bfloat16"),
-    ("dtype-indices-int64", lambda x: with_(x, ssm_state_indices=x["ssm_state_indices"].long()),
-     TypeError, "ssm_state_indices must have dtype torch.int32, but got torch.int64"),
-    ("dtype-state-fp16-with-bf16", lambda x: with_(x, state_ref=_state_like(x, dtype=torch.half)),
-     TypeError, "state_ref must have dtype torch.float32 or torch.bfloat16 (the dtype of mixed_qkv), but got torch.float16"),
-    ("dtype-state-fp64", lambda x: with_(x, state_ref=_state_like(x, dtype=torch.float64)),
-     TypeError, "but got torch.float64"),
-    # empty tensors
-    ("empty-batch", lambda x: {**x, **{k: x[k][:0] for k in
-                                       ("mixed_qkv", "a", "b", "ssm_state_indices")}},
-     ValueError, "mixed_qkv must not be empty"),
-    ("empty-state", lambda x: with_(x, state_ref=x["state_ref"][:0]), ValueError,
-     "state_ref must not be empty"),
-    ("empty-a_log", lambda x: with_(x, a_log=x["a_log"][:0]), ValueError,
-     "a_log must not be empty"),
+def replaced(name, make):
+    return lambda x: dict(x, **{name: make(x)})
+
+
+def _rank_rows():
+    rows = []
+    for name in ARG_NAMES:
+        msg = f"{name} must be a {RANK[name]}-D tensor"
+        rows.append(Rejection(f"rank-{name}-plus-1", replaced(name, lambda x, n=name: x[n][None]),
+                              ValueError, msg))
+        rows.append(Rejection(f"rank-{name}-minus-1", replaced(name, lambda x, n=name: x[n][0]),
+                              ValueError, msg))
+    return rows
+
+
+def _dtype_rows():
+    expected = {
+        "mixed_qkv": "mixed_qkv must have dtype torch.bfloat16 or torch.float16",
+        "a": "a must have dtype torch.bfloat16 (the dtype of mixed_qkv)",
+        "b": "b must have dtype torch.bfloat16 (the dtype of mixed_qkv)",
+        "dt_bias": "dt_bias must have dtype torch.bfloat16 (the dtype of mixed_qkv)",
+        "a_log": "a_log must have dtype torch.float32",
+        "ssm_state_indices": "ssm_state_indices must have dtype torch.int32",
+        "state_ref": "state_ref must have dtype torch.float32 or torch.bfloat16 (the dtype of "
+                     "mixed_qkv)",
+    }
+    allowed = {"mixed_qkv": {torch.bfloat16, torch.float16}, "a": {torch.bfloat16},
+               "b": {torch.bfloat16}, "dt_bias": {torch.bfloat16}, "a_log": {torch.float32},
+               "ssm_state_indices": {torch.int32}, "state_ref": {torch.float32, torch.bfloat16}}
+    rows = []
+    for name in ARG_NAMES:
+        for dt in ALL_DTYPES:
+            if dt in allowed[name]:
+                continue
+            msg = expected[name] + (f", but got {dt}" if dt in PY_SPELLED else "")
+            if name == "state_ref":
+                change = replaced(name, lambda x, d=dt: state(x, dtype=d))
+            else:
+                change = replaced(name, lambda x, n=name, d=dt: x[n].to(d))
+            rows.append(Rejection(f"dtype-{name}-{str(dt)[6:]}", change, TypeError, msg))
+    # float16 inputs: the 16-bit arguments and a 16-bit state must follow mixed_qkv's dtype.
+    for name in ("a", "b", "dt_bias"):
+        rows.append(Rejection(
+            f"dtype-{name}-bfloat16-with-float16",
+            replaced(name, lambda x, n=name: x[n].bfloat16()), TypeError,
+            f"{name} must have dtype torch.float16 (the dtype of mixed_qkv), but got "
+            "torch.bfloat16", case=FP16))
+    rows.append(Rejection(
+        "dtype-state_ref-bfloat16-with-float16", replaced("state_ref", lambda x: state(
+            x, dtype=torch.bfloat16)), TypeError, "state_ref must have dtype torch.float32 or "
+        "torch.float16 (the dtype of mixed_qkv), but got torch.bfloat16", case=FP16))
+    return rows
+
+
+def _empty_rows():
+    rows = [Rejection("empty-batch", lambda x: dict(x, **{
+        k: x[k][:0] for k in ("mixed_qkv", "a", "b", "ssm_state_indices")}), ValueError,
+        "mixed_qkv must not be empty")]
+    for name in ARG_NAMES:
+        for dim in range(RANK[name]):
+            rows.append(Rejection(
+                f"empty-{name}-dim-{dim}", replaced(name, lambda x, n=name, d=dim: x[n].narrow(
+                    d, 0, 0)), ValueError, f"{name} must not be empty"))
+    return rows
+
+
+def _k(K, fragment):
+    return Rejection(f"K-{K}", replaced("state_ref", lambda x: state(x, (8, 4, 16, K))),
+                     ValueError, fragment)
+
+
+def _device(name):
+    other = "a" if name == "mixed_qkv" else name
+    where = "meta" if name == "mixed_qkv" else "cpu"
+    return Rejection(f"device-{name}", replaced(name, lambda x: x[name].to("meta")), ValueError,
+                     f"all tensors must be on one device: expected {other} on {where}",
+                     needs="devices")
+
+
+def _indices(id, values, fragment):
+    return Rejection(id, replaced("ssm_state_indices", lambda x: torch.tensor(
+        values, dtype=torch.int32)), ValueError, fragment, needs="values")
+
+
+REJECTIONS = _rank_rows() + _dtype_rows() + _empty_rows() + [
     # UINT32 limits (stride-0 tensors: no memory is allocated)
-    ("u32-B", lambda x: with_(
-        x, mixed_qkv=expanded((U32, x["mixed_qkv"].shape[1]), torch.bfloat16),
-        a=expanded((U32, 4), torch.bfloat16), b=expanded((U32, 4), torch.bfloat16),
-        ssm_state_indices=expanded((U32,), torch.int32)),
-     ValueError, "B (mixed_qkv.size(0)) must be at most UINT32_MAX"),
-    ("u32-width", lambda x: with_(x, mixed_qkv=expanded((3, U32), torch.bfloat16)), ValueError,
-     "mixed_qkv.size(1) must be at most UINT32_MAX"),
-    ("u32-BlockNum", lambda x: with_(x, state_ref=expanded((U32, 4, 16, 64), torch.float32)),
-     ValueError, "BlockNum (state_ref.size(0)) must be at most UINT32_MAX"),
-    ("u32-Hv", lambda x: with_(x, state_ref=expanded((2, U32, 16, 64), torch.float32)),
-     ValueError, "Hv (state_ref.size(1)) must be at most UINT32_MAX"),
-    ("u32-V", lambda x: with_(x, state_ref=expanded((2, 4, U32, 64), torch.float32)),
-     ValueError, "V (state_ref.size(2)) must be at most UINT32_MAX"),
-    ("u32-K", lambda x: with_(x, state_ref=expanded((2, 4, 16, U32), torch.float32)),
-     ValueError, "K (state_ref.size(3)) must be at most UINT32_MAX"),
-    ("u32-B*Hv", lambda x: with_(
+    Rejection("u32-B", lambda x: dict(
+        x, mixed_qkv=expanded((U32, 320), torch.bfloat16), a=expanded((U32, 4), torch.bfloat16),
+        b=expanded((U32, 4), torch.bfloat16), ssm_state_indices=expanded((U32,), torch.int32)),
+        ValueError, "B (mixed_qkv.size(0)) must be at most UINT32_MAX"),
+    Rejection("u32-width", replaced("mixed_qkv", lambda x: expanded((3, U32), torch.bfloat16)),
+              ValueError, "mixed_qkv.size(1) must be at most UINT32_MAX"),
+    Rejection("u32-BlockNum", replaced("state_ref", lambda x: expanded((U32, 4, 16, 64),
+                                                                       torch.float32)),
+              ValueError, "BlockNum (state_ref.size(0)) must be at most UINT32_MAX"),
+    Rejection("u32-Hv", replaced("state_ref", lambda x: expanded((2, U32, 16, 64), torch.float32)),
+              ValueError, "Hv (state_ref.size(1)) must be at most UINT32_MAX"),
+    Rejection("u32-V", replaced("state_ref", lambda x: expanded((2, 4, U32, 64), torch.float32)),
+              ValueError, "V (state_ref.size(2)) must be at most UINT32_MAX"),
+    Rejection("u32-K", replaced("state_ref", lambda x: expanded((2, 4, 16, U32), torch.float32)),
+              ValueError, "K (state_ref.size(3)) must be at most UINT32_MAX"),
+    Rejection("u32-B*Hv", lambda x: dict(
         x, mixed_qkv=expanded((2**17, 2**16 + 128), torch.bfloat16),
         state_ref=expanded((2, 2**16, 1, 64), torch.float32)),
-     ValueError, "B*Hv must be at most UINT32_MAX (4294967295), but got 8589934592"),
-    # K range and fp32 row padding
-    ("K-too-small", lambda x: with_(x, state_ref=_state_like(x, (8, 4, 16, 48))), ValueError,
-     "K (state_ref.size(3)) must be in [64, 2032], but got 48"),
-    ("K-too-large", lambda x: with_(x, state_ref=_state_like(x, (8, 4, 2, 2048))), ValueError,
-     "must be in [64, 2032], but got 2048"),
-    ("K-129-fp32-padding", lambda x: with_(x, state_ref=_state_like(x, (8, 4, 16, 129))),
-     ValueError, "K = 129 is not supported with a float32 state_ref"),
-    ("K-65-fp32-padding", lambda x: with_(x, state_ref=_state_like(x, (8, 4, 16, 65))),
-     ValueError, "needs 60"),
-    # derived shapes
-    ("width-not-above-HvV", lambda x: with_(x, mixed_qkv=x["mixed_qkv"][:, :4 * 16]), ValueError,
-     "mixed_qkv.size(1) must be greater than Hv*V = 64"),
-    ("width-not-multiple-2K", lambda x: with_(x, mixed_qkv=x["mixed_qkv"][:, 1:]), ValueError,
-     "must be a multiple of 2*K = 128"),
-    ("Hv-not-multiple-of-H", lambda x: with_(
-        x, mixed_qkv=torch.zeros(3, 2 * 3 * 64 + 4 * 16, dtype=torch.bfloat16)), ValueError,
-     "Hv (state_ref.size(1)) must be a multiple of H = 3"),
-    ("shape-a", lambda x: with_(x, a=torch.zeros(3, 5, dtype=torch.bfloat16)), ValueError,
-     "a must have shape (B, Hv) = [3, 4], but got [3, 5]"),
-    ("shape-b", lambda x: with_(x, b=torch.zeros(4, 4, dtype=torch.bfloat16)), ValueError,
-     "b must have shape (B, Hv) = [3, 4], but got [4, 4]"),
-    ("shape-a_log", lambda x: with_(x, a_log=torch.zeros(5)), ValueError,
-     "a_log must have shape (Hv,) = [4], but got [5]"),
-    ("shape-dt_bias", lambda x: with_(x, dt_bias=torch.zeros(3, dtype=torch.bfloat16)),
-     ValueError, "dt_bias must have shape (Hv,) = [4], but got [3]"),
-    ("shape-indices", lambda x: with_(x, ssm_state_indices=torch.ones(4, dtype=torch.int32)),
-     ValueError, "ssm_state_indices must have shape (B,) = [3], but got [4]"),
-    # layout and scalars
-    ("state-not-contiguous", lambda x: with_(
-        x, state_ref=torch.zeros(8, 4, 64, 16).transpose(2, 3)), ValueError,
-     "state_ref must be contiguous"),
-    ("scale-inf", lambda x: with_(x, scale=float("inf")), ValueError,
-     "scale must be finite, but got inf"),
-    ("scale-nan", lambda x: with_(x, scale=float("nan")), ValueError, "scale must be finite"),
+        ValueError, "B*Hv must be at most UINT32_MAX (4294967295), but got 8589934592"),
+    # K range and the float32 state's row padding
+    _k(1, "K (state_ref.size(3)) must be in [64, 2032], but got 1"),
+    _k(48, "K (state_ref.size(3)) must be in [64, 2032], but got 48"),
+    _k(63, "K (state_ref.size(3)) must be in [64, 2032], but got 63"),
+    _k(2033, "K (state_ref.size(3)) must be in [64, 2032], but got 2033"),
+    _k(2048, "K (state_ref.size(3)) must be in [64, 2032], but got 2048"),
+    _k(65, "K = 65 is not supported with a float32 state_ref: rows are padded to a multiple of "
+       "16 elements and at most 32 bytes of padding are allowed, but K = 65 needs 60"),
+    _k(71, "K = 71 is not supported with a float32 state_ref"),
+    _k(129, "K = 129 is not supported with a float32 state_ref"),
+    _k(2017, "but K = 2017 needs 60"),
+    # sizes derived from mixed_qkv.size(1)
+    Rejection("width-1", replaced("mixed_qkv", lambda x: x["mixed_qkv"][:, :1]), ValueError,
+              "mixed_qkv.size(1) must be greater than Hv*V = 64"),
+    Rejection("width-HvV", replaced("mixed_qkv", lambda x: x["mixed_qkv"][:, :64]), ValueError,
+              "mixed_qkv.size(1) must be greater than Hv*V = 64"),
+    Rejection("width-not-multiple-of-2K", replaced("mixed_qkv", lambda x: x["mixed_qkv"][:, 1:]),
+              ValueError, "must be a multiple of 2*K = 128"),
+    Rejection("Hv-not-multiple-of-H", replaced("mixed_qkv", lambda x: torch.zeros(
+        3, 2 * 3 * 64 + 4 * 16, dtype=torch.bfloat16)), ValueError,
+        "Hv (state_ref.size(1)) must be a multiple of H = 3"),
+    # shapes that disagree with (B, Hv)
+    Rejection("shape-a", replaced("a", lambda x: torch.zeros(3, 5, dtype=torch.bfloat16)),
+              ValueError, "a must have shape (B, Hv) = [3, 4], but got [3, 5]"),
+    Rejection("shape-b", replaced("b", lambda x: torch.zeros(4, 4, dtype=torch.bfloat16)),
+              ValueError, "b must have shape (B, Hv) = [3, 4], but got [4, 4]"),
+    Rejection("shape-a_log", replaced("a_log", lambda x: torch.zeros(5)), ValueError,
+              "a_log must have shape (Hv,) = [4], but got [5]"),
+    Rejection("shape-dt_bias", replaced("dt_bias", lambda x: torch.zeros(3, dtype=torch.bfloat16)),
+              ValueError, "dt_bias must have shape (Hv,) = [4], but got [3]"),
+    Rejection("shape-indices-long", replaced("ssm_state_indices", lambda x: torch.ones(
+        4, dtype=torch.int32)), ValueError,
+        "ssm_state_indices must have shape (B,) = [3], but got [4]"),
+    Rejection("shape-indices-short", replaced("ssm_state_indices", lambda x: x[
+        "ssm_state_indices"][:2]), ValueError,
+        "ssm_state_indices must have shape (B,) = [3], but got [2]"),
+    # a state_ref that is not one contiguous block
+    Rejection("state-transposed", replaced("state_ref", lambda x: torch.zeros(
+        8, 4, 64, 16).transpose(2, 3)), ValueError, "state_ref must be contiguous"),
+    Rejection("state-row-padding", replaced("state_ref", lambda x: torch.zeros(
+        8, 4, 16, 72)[..., :64]), ValueError, "state_ref must be contiguous"),
+    Rejection("state-every-other-slot", replaced("state_ref", lambda x: torch.zeros(
+        16, 4, 16, 64)[::2]), ValueError, "state_ref must be contiguous"),
+    Rejection("state-permuted", replaced("state_ref", lambda x: torch.zeros(
+        64, 16, 4, 8).permute(3, 2, 1, 0)), ValueError, "state_ref must be contiguous"),
+    # scalars
+    Rejection("scale-inf", lambda x: dict(x, scale=float("inf")), ValueError,
+              "scale must be finite, but got inf"),
+    Rejection("scale-minus-inf", lambda x: dict(x, scale=float("-inf")), ValueError,
+              "scale must be finite, but got -inf"),
+    Rejection("scale-nan", lambda x: dict(x, scale=float("nan")), ValueError,
+              "scale must be finite, but got nan"),
+    Rejection("softplus_threshold-nan", lambda x: dict(x, softplus_threshold=float("nan")),
+              ValueError, "softplus_threshold must be finite, but got nan"),
+    Rejection("softplus_threshold-inf", lambda x: dict(x, softplus_threshold=float("inf")),
+              ValueError, "softplus_threshold must be finite, but got inf"),
+    Rejection("softplus_threshold-minus-inf", lambda x: dict(x, softplus_threshold=-float("inf")),
+              ValueError, "softplus_threshold must be finite, but got -inf"),
+    # devices
+    *[_device(name) for name in ARG_NAMES],
+    # slot values: range and uniqueness (need the values on the host)
+    _indices("index-equals-BlockNum", [1, 8, 2],
+             "ssm_state_indices[1] = 8 is out of range: valid slots must be < BlockNum = 8"),
+    _indices("index-above-BlockNum", [1, 2, 13], "ssm_state_indices[2] = 13 is out of range"),
+    _indices("index-int32-max", [INT32_MAX, 1, 2],
+             "ssm_state_indices[0] = 2147483647 is out of range"),
+    _indices("index-duplicate", [3, 0, 3],
+             "ssm_state_indices must not repeat a positive slot, but slot 3 is used by rows 0 "
+             "and 2"),
 ]
 
-# Rejections only the CPU path can make: they need the index values.
-CPU_ONLY = [
-    ("index-equals-BlockNum", lambda x: with_(
-        x, ssm_state_indices=torch.tensor([1, x["state_ref"].shape[0], 2], dtype=torch.int32)),
-     ValueError, "ssm_state_indices[1] = 8 is out of range: valid slots must be < BlockNum = 8"),
-    ("index-int32-max", lambda x: with_(
-        x, ssm_state_indices=torch.tensor([2**31 - 1, 1, 2], dtype=torch.int32)),
-     ValueError, "ssm_state_indices[0] = 2147483647 is out of range"),
-    ("index-duplicate", lambda x: with_(
-        x, ssm_state_indices=torch.tensor([3, 1, 3], dtype=torch.int32)),
-     ValueError, "slot 3 is used by rows 0 and 2"),
-]
+
+def _redispatch(key):
+    """The op as dispatched to `key`'s kernel, whatever the inputs' device."""
+    keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+    return lambda *args, **kw: OP.default.redispatch(keyset, *args, **kw)
 
 
-def _state_bits(t):
-    """Every byte of the storage behind t (also works for stride-0 views of huge shapes)."""
-    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).clone()
+def _cpu(x, thr):
+    return call(OP, x, softplus_threshold=thr)
 
 
-def _run_rejected(inputs, exc, fragment, softplus_threshold=20.0):
-    state = inputs["state_ref"]
-    before = _state_bits(state)
-    with pytest.raises(exc) as info:
-        call(OP, inputs, softplus_threshold=softplus_threshold)
-    assert fragment in str(info.value), str(info.value)
-    assert "npu_fused_gdn_decode" in str(info.value)
-    after = _state_bits(state)
-    assert torch.equal(after, before), "a rejected call changed state_ref"
-    return info.value
+def _meta(x, thr):
+    return call(OP, to_meta(x), softplus_threshold=thr)
 
 
-def _to_meta(inputs):
-    return {k: (torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
-                if torch.is_tensor(v) else v) for k, v in inputs.items()}
+def _fake(x, thr):
+    # FakeTensor logs every error of a kernel with its traceback; these errors are expected.
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    disabled, log.disabled = log.disabled, True
+    try:
+        with FakeTensorMode() as mode:
+            fx = {k: (mode.from_tensor(v) if torch.is_tensor(v) else v) for k, v in x.items()}
+            return call(OP, fx, softplus_threshold=thr)
+    finally:
+        log.disabled = disabled
 
 
-ALL = REJECTIONS + CPU_ONLY
+def _composite(x, thr):
+    # XPU has no kernel of its own: its calls reach the CompositeExplicitAutograd registration.
+    return call(_redispatch("XPU"), x, softplus_threshold=thr)
 
 
-@pytest.mark.parametrize("name,build,exc,fragment", ALL, ids=[r[0] for r in ALL])
-def test_cpu_rejects(name, build, exc, fragment):
-    _run_rejected(build(base()), exc, fragment)
+def _triton(x, thr):
+    if cuda_backend.KERNEL is not cuda_backend.fused_gdn_decode_cuda:
+        pytest.skip("triton is not installed: the CUDA key holds the checked reference")
+    old = cuda_backend.set_check_indices(True)  # slot values are checked behind this switch only
+    try:
+        return call(_redispatch("CUDA"), x, softplus_threshold=thr)
+    finally:
+        cuda_backend.set_check_indices(old)
 
 
-@pytest.mark.parametrize("name,build,exc,fragment", REJECTIONS, ids=[r[0] for r in REJECTIONS])
-def test_meta_rejects_the_same(name, build, exc, fragment):
-    with pytest.raises(exc) as info:
-        call(OP, _to_meta(build(base())))
-    assert fragment in str(info.value), str(info.value)
+BACKENDS = {"cpu": _cpu, "meta": _meta, "fake": _fake, "composite": _composite,
+            "triton": _triton}
 
 
-@pytest.mark.parametrize("name,build,exc,fragment", CPU_ONLY, ids=[r[0] for r in CPU_ONLY])
-def test_meta_accepts_index_values(name, build, exc, fragment):
+def _applies(row, backend):
+    return not (row.needs and backend in ("meta", "fake"))
+
+
+TABLE = [pytest.param(backend, row, id=f"{backend}-{row.id}")
+         for row in REJECTIONS for backend in BACKENDS if _applies(row, backend)]
+
+
+def _threshold(x):
+    return x.get("softplus_threshold", 20.0)
+
+
+@pytest.mark.parametrize("backend,row", TABLE)
+def test_rejected(backend, row):
+    x = row.change(make_inputs(row.case))
+    state_ref = x["state_ref"]
+    before = storage_bytes(state_ref) if state_ref.device.type == "cpu" else None
+    with pytest.raises(row.exc) as info:
+        BACKENDS[backend](x, _threshold(x))
+    msg = str(info.value)
+    assert "npu_fused_gdn_decode" in msg and row.fragment in msg, msg
+    if before is not None:
+        assert torch.equal(storage_bytes(state_ref), before), "a rejected call changed state_ref"
+    if backend != "cpu":  # the same check, so the same words as the CPU op
+        with pytest.raises(row.exc) as cpu:
+            _cpu(x, _threshold(x))
+        assert msg == str(cpu.value)
+
+
+VALUE_ROWS = [r for r in REJECTIONS if r.needs == "values"]
+
+
+@pytest.mark.parametrize("backend", ["meta", "fake"])
+@pytest.mark.parametrize("row", VALUE_ROWS, ids=[r.id for r in VALUE_ROWS])
+def test_meta_accepts_index_values(backend, row):
     """Meta cannot see index values; as on NPU, range and uniqueness are the caller's duty there."""
-    out = call(OP, _to_meta(build(base())))
-    assert out.shape == (3, 1, 4, 16)
-
-
-def test_softplus_threshold_must_be_finite():
-    _run_rejected(base(), ValueError, "softplus_threshold must be finite, but got nan",
-                  softplus_threshold=float("nan"))
-
-
-def test_device_mismatch():
-    x = base()
-    x["ssm_state_indices"] = x["ssm_state_indices"].to("meta")
-    _run_rejected(x, ValueError, "all tensors must be on one device: expected ssm_state_indices on cpu")
+    out = BACKENDS[backend](row.change(make_inputs(row.case)), 20.0)
+    assert out.shape == (3, 1, 4, 16) and out.dtype == torch.bfloat16
 
 
 def test_low_precision_state_accepts_k129():
@@ -199,14 +320,14 @@ def test_low_precision_state_accepts_k129():
 
 
 def test_duplicate_invalid_indices_are_fine():
-    x = base()
+    x = make_inputs(BASE)
     x["ssm_state_indices"] = torch.tensor([0, 0, -1], dtype=torch.int32)
     assert call(OP, x).abs().sum() == 0
 
 
 def test_meta_output_matches_cpu_output():
-    x = base()
+    x = make_inputs(BASE)
     out = call(OP, x)
-    meta = call(OP, _to_meta(x))
+    meta = call(OP, to_meta(x))
     assert meta.device.type == "meta"
     assert (meta.shape, meta.dtype, meta.stride()) == (out.shape, out.dtype, out.stride())

@@ -3,6 +3,8 @@
 #include <cstdlib>
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/record_function.h>
 #include <torch/library.h>
 
 #include "cpu/kernel.h"
@@ -62,7 +64,7 @@ bool parse_isa(const std::string& name, Isa* isa) {
 }
 
 // CUSTOM_OPS_CPU_ISA=portable|avx2|avx512|auto picks the variant at load (falling back to the
-// best available); _C._set_cpu_isa changes it later.
+// best available); custom_ops_internal::set_cpu_isa changes it later.
 Isa initial_isa() {
   const char* env = std::getenv("CUSTOM_OPS_CPU_ISA");
   Isa isa;
@@ -74,16 +76,15 @@ Isa initial_isa() {
 
 std::atomic<Isa> g_isa{initial_isa()};
 
-DType to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return DType::kFloat32;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    case at::kHalf:
-      return DType::kFloat16;
+// The profiler event of one CPU call (see npu_fused_gdn_decode_cpu).
+const char* kernel_event_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx2:
+      return "custom_ops::npu_fused_gdn_decode_cpu.avx2";
+    case Isa::kAvx512:
+      return "custom_ops::npu_fused_gdn_decode_cpu.avx512";
     default:
-      TORCH_INTERNAL_ASSERT(false, "dtype passed the check but has no kernel: ", t);
+      return "custom_ops::npu_fused_gdn_decode_cpu.portable";
   }
 }
 
@@ -130,22 +131,28 @@ bool set_isa(const std::string& name, std::string* error) {
   return true;
 }
 
-void fused_gdn_decode_kernel(const GdnParams& p) {
-  switch (current_isa()) {
+namespace {
+
+// Runs the kernel of `isa` for input dtype T and state dtype S.
+template <typename T, typename S>
+void run_kernel(Isa isa, const GdnParams& p) {
+  switch (isa) {
 #ifdef CUSTOM_OPS_WITH_AVX512
     case Isa::kAvx512:
-      fused_gdn_decode_kernel_AVX512(p);
+      fused_gdn_decode_kernel_AVX512<T, S>(p);
       return;
 #endif
 #ifdef CUSTOM_OPS_WITH_AVX2
     case Isa::kAvx2:
-      fused_gdn_decode_kernel_AVX2(p);
+      fused_gdn_decode_kernel_AVX2<T, S>(p);
       return;
 #endif
     default:
-      fused_gdn_decode_kernel_DEFAULT(p);
+      fused_gdn_decode_kernel_DEFAULT<T, S>(p);
   }
 }
+
+} // namespace
 
 at::Tensor npu_fused_gdn_decode_cpu(
     const at::Tensor& mixed_qkv,
@@ -157,6 +164,10 @@ at::Tensor npu_fused_gdn_decode_cpu(
     const at::Tensor& ssm_state_indices,
     double scale,
     double softplus_threshold) {
+  const Isa isa = current_isa();
+  // Under torch.profiler: a child of the dispatcher's custom::npu_fused_gdn_decode event that
+  // names the backend and the kernel variant that ran.
+  RECORD_FUNCTION(kernel_event_name(isa), c10::ArrayRef<const c10::IValue>{});
   const GdnDims d = check_fused_gdn_decode_inputs(
       mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale, softplus_threshold);
   const int64_t B = d.batch.expect_int(), Hv = d.num_v_heads.expect_int();
@@ -189,9 +200,17 @@ at::Tensor npu_fused_gdn_decode_cpu(
   p.out = out.data_ptr();
   p.scale = static_cast<float>(scale);
   p.softplus_threshold = static_cast<float>(softplus_threshold);
-  p.input_dtype = to_dtype(mixed_qkv.scalar_type());
-  p.state_dtype = to_dtype(state_ref.scalar_type());
-  fused_gdn_decode_kernel(p);
+  TORCH_INTERNAL_ASSERT(p.num_heads > 0 && p.num_v_heads % p.num_heads == 0 && p.head_k > 0 &&
+                        p.head_v > 0);  // the check's guarantees; the kernel divides by them
+  // Input bf16/fp16 (TypeError from the check otherwise); state fp32 or the input dtype.
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(mixed_qkv.scalar_type(), "npu_fused_gdn_decode", [&] {
+    if (state_ref.scalar_type() == at::kFloat) {
+      run_kernel<scalar_t, float>(isa, p);
+    } else {
+      TORCH_INTERNAL_ASSERT(state_ref.scalar_type() == mixed_qkv.scalar_type());
+      run_kernel<scalar_t, scalar_t>(isa, p);
+    }
+  });
   return out;
 }
 

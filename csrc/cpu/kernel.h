@@ -1,6 +1,9 @@
 // Interface between the CPU op (fused_gdn_decode_cpu.cpp) and the kernel bodies compiled once per
-// instruction set (kernel_default.cpp, kernel_avx2.cpp). Plain pointers and element strides only,
-// so the kernel files need no Tensor headers and compile quickly.
+// instruction set (kernel_default.cpp, kernel_avx2.cpp, kernel_avx512.cpp). Plain pointers and
+// element strides only, so the kernel files need no Tensor headers and compile quickly.
+//
+// The kernel files are compiled with instruction-set flags: nothing that could also be linked into
+// the rest of the library (error messages, dtype dispatch) belongs there; the CPU op does it.
 #pragma once
 
 #include <cstdint>
@@ -8,8 +11,6 @@
 #include <vector>
 
 namespace custom_ops::cpu {
-
-enum class DType : int { kFloat32, kBFloat16, kFloat16 };
 
 struct GdnParams {
   // Sizes (validated by the shared check).
@@ -36,29 +37,28 @@ struct GdnParams {
   void* out;
   float scale;
   float softplus_threshold;
-  DType input_dtype;
-  DType state_dtype;
 };
 
 enum class Isa : int { kPortable, kAvx2, kAvx512 };
 
-// One kernel body per instruction set; each computes the whole op described by GdnParams.
+// One kernel body per instruction set, instantiated for T (input dtype) in {c10::BFloat16,
+// c10::Half} and S (state dtype) in {float, T}; each computes the whole op described by GdnParams.
+template <typename T, typename S>
 void fused_gdn_decode_kernel_DEFAULT(const GdnParams& p);
 #ifdef CUSTOM_OPS_WITH_AVX2
+template <typename T, typename S>
 void fused_gdn_decode_kernel_AVX2(const GdnParams& p);
 #endif
 #ifdef CUSTOM_OPS_WITH_AVX512
+template <typename T, typename S>
 void fused_gdn_decode_kernel_AVX512(const GdnParams& p);
 #endif
-
-// Runs the kernel of the selected instruction set.
-void fused_gdn_decode_kernel(const GdnParams& p);
 
 const char* isa_name(Isa isa);
 Isa current_isa();
 std::vector<Isa> available_isas();
-// "portable", "avx2", "avx512" or "auto" (the best this CPU runs). False with *error set if unknown or not
-// runnable here.
+// "portable", "avx2", "avx512" or "auto" (the best this CPU runs). False with *error set if
+// unknown or not runnable here.
 bool set_isa(const std::string& name, std::string* error);
 
 } // namespace custom_ops::cpu

@@ -6,6 +6,9 @@
 // u = (exp(g) S) k, the second writes S' = exp(g) S + delta k^T and accumulates out = S' q.
 #pragma once
 
+// vec.h first: it includes the intrinsic headers ahead of ATen (see there).
+#include "cpu/vec.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -26,9 +29,6 @@ namespace custom_ops::cpu {
 namespace CPU_CAPABILITY {
 namespace {
 
-using at::vec::Vectorized;
-using fVec = Vectorized<float>;
-constexpr int64_t kF = fVec::size();
 // Elements per vector step: two float vectors, or one vector of 16-bit floats.
 constexpr int64_t kStep = 2 * kF;
 static_assert(Vectorized<c10::BFloat16>::size() == kStep, "16-bit vector must hold 2 float vectors");
@@ -76,90 +76,20 @@ struct Io<float> {
   }
 };
 
-#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-// bf16 state in "lane order": widening a bf16 is a 16-bit shift, so interleaving the words with
-// zeros (unpacklo/unpackhi) gives two float vectors in one instruction each, and packus_epi32 of
-// the rounded high halves is its exact inverse. The element order inside the two vectors differs
-// from memory order (per 128-bit lane: words 0-3 -> lo, 4-7 -> hi); k and q are stored in that
-// same order (see element_order), and dot products do not care about order.
-#if defined(CPU_CAPABILITY_AVX512)
-using iVec = __m512i;
-inline iVec lane_load(const void* p) { return _mm512_loadu_si512(p); }
-inline iVec lane_load(const void* p, int64_t n) {
-  return _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << n) - 1), p);
-}
-inline void lane_store(void* p, iVec x) { _mm512_storeu_si512(p, x); }
-inline void lane_store(void* p, int64_t n, iVec x) {
-  _mm512_mask_storeu_epi16(p, static_cast<__mmask32>((1ull << n) - 1), x);
-}
-inline iVec i_zero() { return _mm512_setzero_si512(); }
-inline iVec i_set1(int32_t v) { return _mm512_set1_epi32(v); }
-inline iVec i_unpacklo16(iVec a, iVec b) { return _mm512_unpacklo_epi16(a, b); }
-inline iVec i_unpackhi16(iVec a, iVec b) { return _mm512_unpackhi_epi16(a, b); }
-inline iVec i_srli(iVec a, int n) { return _mm512_srli_epi32(a, n); }
-inline iVec i_and(iVec a, iVec b) { return _mm512_and_si512(a, b); }
-inline iVec i_add(iVec a, iVec b) { return _mm512_add_epi32(a, b); }
-inline iVec i_packus32(iVec a, iVec b) { return _mm512_packus_epi32(a, b); }
-inline fVec as_f(iVec a) { return _mm512_castsi512_ps(a); }
-inline iVec as_i(const fVec& a) { return _mm512_castps_si512(a); }
-inline iVec keep_nan(iVec rounded, const fVec& x) {
-  // NaN must stay NaN: the rounding add above can carry a NaN's mantissa into the sign bit.
-  return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), i_set1(0x7fc0));
-}
-#else
-using iVec = __m256i;
-inline iVec lane_load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline iVec lane_load(const void* p, int64_t n) {
-  alignas(32) uint16_t buf[16] = {0};
-  std::memcpy(buf, p, n * sizeof(uint16_t));
-  return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
-}
-inline void lane_store(void* p, iVec x) { _mm256_storeu_si256(static_cast<__m256i*>(p), x); }
-inline void lane_store(void* p, int64_t n, iVec x) {
-  alignas(32) uint16_t buf[16];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(buf), x);
-  std::memcpy(p, buf, n * sizeof(uint16_t));
-}
-inline iVec i_zero() { return _mm256_setzero_si256(); }
-inline iVec i_set1(int32_t v) { return _mm256_set1_epi32(v); }
-inline iVec i_unpacklo16(iVec a, iVec b) { return _mm256_unpacklo_epi16(a, b); }
-inline iVec i_unpackhi16(iVec a, iVec b) { return _mm256_unpackhi_epi16(a, b); }
-inline iVec i_srli(iVec a, int n) { return _mm256_srli_epi32(a, n); }
-inline iVec i_and(iVec a, iVec b) { return _mm256_and_si256(a, b); }
-inline iVec i_add(iVec a, iVec b) { return _mm256_add_epi32(a, b); }
-inline iVec i_packus32(iVec a, iVec b) { return _mm256_packus_epi32(a, b); }
-inline fVec as_f(iVec a) { return _mm256_castsi256_ps(a); }
-inline iVec as_i(const fVec& a) { return _mm256_castps_si256(a); }
-inline iVec keep_nan(iVec rounded, const fVec& x) {
-  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-  return _mm256_blendv_epi8(rounded, i_set1(0x7fc0), _mm256_castps_si256(nan));
-}
-#endif
-
-// Round-to-nearest-even of fp32 to bf16, result in the low 16 bits of each 32-bit lane.
-inline iVec round_bf16(const fVec& x) {
-  const iVec bits = as_i(x);
-  const iVec lsb = i_and(i_srli(bits, 16), i_set1(1));
-  return keep_nan(i_srli(i_add(i_add(bits, i_set1(0x7fff)), lsb), 16), x);
-}
-
+#ifdef CUSTOM_OPS_HAVE_BF16_LANES
+// bf16 state in vec.h's lane order (one instruction per widen/narrow step instead of at::vec's
+// order-preserving conversion): k and q are stored in that same order (see element_order), and
+// dot products do not care about order.
 template <>
 struct Io<c10::BFloat16> {
   using S = c10::BFloat16;
-  static inline void widen(iVec x, fVec& lo, fVec& hi) {
-    lo = as_f(i_unpacklo16(i_zero(), x));
-    hi = as_f(i_unpackhi16(i_zero(), x));
-  }
-  static inline iVec narrow(const fVec& lo, const fVec& hi) {
-    return i_packus32(round_bf16(lo), round_bf16(hi));
-  }
-  static inline void load(const S* p, fVec& lo, fVec& hi) { widen(lane_load(p), lo, hi); }
+  static inline void load(const S* p, fVec& lo, fVec& hi) { load_bf16_lanes(p, lo, hi); }
   static inline void load(const S* p, int64_t n, fVec& lo, fVec& hi) {
-    widen(lane_load(p, n), lo, hi);
+    load_bf16_lanes(p, n, lo, hi);
   }
-  static inline void store(S* p, const fVec& lo, const fVec& hi) { lane_store(p, narrow(lo, hi)); }
+  static inline void store(S* p, const fVec& lo, const fVec& hi) { store_bf16_lanes(p, lo, hi); }
   static inline void store(S* p, int64_t n, const fVec& lo, const fVec& hi) {
-    lane_store(p, n, narrow(lo, hi));
+    store_bf16_lanes(p, n, lo, hi);
   }
 };
 #endif
@@ -183,50 +113,15 @@ void element_order(int64_t order[kStep]) {
   }
 }
 
-inline float hsum(const fVec& v) {
-#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-  return at::vec::vec_reduce_all<float>([](fVec& x, fVec& y) { return x + y; }, v);
-#else
-  float lanes[kF];
-  v.store(lanes);
-  float sum = 0.f;
-  for (int64_t l = 0; l < kF; ++l) {
-    sum += lanes[l];
-  }
-  return sum;
-#endif
-}
-
-// out[r] = horizontal sum of v[r], r < R. For R = 4 on AVX2/AVX-512 the four sums are formed
-// together (a transpose-and-add tree): about a third of the shuffles and adds of four separate
-// reductions, which matter next to the few FMAs per row.
+// out[r] = horizontal sum of v[r], r < R (vec.h's hsum4 sums four rows together).
 template <int R>
 inline void hsum_rows(const fVec* v, float* out) {
-#if defined(CPU_CAPABILITY_AVX512)
   if constexpr (R == 4) {
-    // Per 128-bit lane: ab = [a0+a2, b0+b2, a1+a3, b1+b3], likewise cd; then [a, b, c, d].
-    const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
-    const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
-    __m512 t = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
-    // Add the four 128-bit lanes.
-    t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(1, 0, 3, 2)));
-    t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
-    _mm_storeu_ps(out, _mm512_castps512_ps128(t));
-    return;
-  }
-#elif defined(CPU_CAPABILITY_AVX2)
-  if constexpr (R == 4) {
-    const __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(v[0], v[1]), _mm256_unpackhi_ps(v[0], v[1]));
-    const __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(v[2], v[3]), _mm256_unpackhi_ps(v[2], v[3]));
-    const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-    return;
-  }
-#endif
-  for (int r = 0; r < R; ++r) {
-    out[r] = hsum(v[r]);
+    hsum4(v, out);
+  } else {
+    for (int r = 0; r < R; ++r) {
+      out[r] = hsum(v[r]);
+    }
   }
 }
 
@@ -470,21 +365,17 @@ void run(const GdnParams& p) {
 } // namespace
 } // namespace CPU_CAPABILITY
 
+template <typename T, typename S>
 void CUSTOM_OPS_CONCAT(fused_gdn_decode_kernel_, CPU_CAPABILITY)(const GdnParams& p) {
-  using CPU_CAPABILITY::run;
-  if (p.input_dtype == DType::kBFloat16) {
-    if (p.state_dtype == DType::kFloat32) {
-      run<c10::BFloat16, float>(p);
-    } else {
-      run<c10::BFloat16, c10::BFloat16>(p);
-    }
-  } else {
-    if (p.state_dtype == DType::kFloat32) {
-      run<c10::Half, float>(p);
-    } else {
-      run<c10::Half, c10::Half>(p);
-    }
-  }
+  CPU_CAPABILITY::run<T, S>(p);
 }
+
+#define CUSTOM_OPS_INSTANTIATE(T, S) \
+  template void CUSTOM_OPS_CONCAT(fused_gdn_decode_kernel_, CPU_CAPABILITY)<T, S>(const GdnParams&)
+CUSTOM_OPS_INSTANTIATE(c10::BFloat16, float);
+CUSTOM_OPS_INSTANTIATE(c10::BFloat16, c10::BFloat16);
+CUSTOM_OPS_INSTANTIATE(c10::Half, float);
+CUSTOM_OPS_INSTANTIATE(c10::Half, c10::Half);
+#undef CUSTOM_OPS_INSTANTIATE
 
 } // namespace custom_ops::cpu

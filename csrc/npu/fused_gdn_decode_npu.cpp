@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -128,6 +129,8 @@ at::Tensor npu_fused_gdn_decode_npu(
     const at::Tensor& ssm_state_indices,
     double scale,
     double softplus_threshold) {
+  // Names this backend under torch.profiler (a child of the dispatcher's op event).
+  RECORD_FUNCTION("custom_ops::npu_fused_gdn_decode_npu", c10::ArrayRef<const c10::IValue>{});
   const GdnDims d = check_fused_gdn_decode_inputs(
       mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale, softplus_threshold);
   // The vendor kernel does not check slots (SPEC.md); this debug switch does, at the cost of a

@@ -1,4 +1,4 @@
-"""Benchmark of custom::npu_fused_gdn_decode: ``python -m custom_ops.bench``.
+"""Benchmark of custom::npu_fused_gdn_decode: ``python -m benchmarks`` (from the repository root).
 
 For Qwen3-Next shapes (H=16, Hv=32, K=V=128) and its tensor-parallel shards, fp32 and bf16 state,
 and a range of batch sizes, it times in one run:
@@ -25,9 +25,8 @@ import time
 import torch
 
 import custom_ops
-from custom_ops.bench_inputs import call as _call
-from custom_ops.bench_inputs import make_decode_inputs
-from custom_ops.reference import TOLERANCES, fused_gdn_decode_reference
+from custom_ops import fused_gdn_decode_reference
+from custom_ops.testing import Case, agrees_with_reference, call, make_inputs
 
 QWEN3_NEXT = (16, 32)  # (H, Hv); K = V = 128
 TP_SHARDS = [(8, 16), (4, 8), (2, 4)]
@@ -37,11 +36,12 @@ CEILINGS = ("copy", "rmw")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m custom_ops.bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", choices=["cpu", "npu", "cuda"])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 64, 128])
-    p.add_argument("--state-dtype", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--state-dtype", nargs="+", default=["fp32", "bf16"],
+                   choices=["fp32", "bf16", "fp16"])
     p.add_argument("--input-dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--shapes", default="all", choices=["all", "full", "shards"],
                    help="Qwen3-Next full (H=16, Hv=32), its TP shards, or both")
@@ -119,20 +119,6 @@ def time_call(fn, sync, min_time):
     return statistics.median(samples)
 
 
-def _close(actual, expected):
-    atol, rtol = TOLERANCES[expected.dtype]
-    return torch.allclose(actual.float(), expected.float(), atol=atol, rtol=rtol)
-
-
-def verify(fn, x):
-    """Runs fn and the reference once on copies of the state; True if out and state agree."""
-    mine = dict(x, state_ref=x["state_ref"].clone())
-    ref = dict(x, state_ref=x["state_ref"].clone())
-    out = _call(fn, mine)
-    out_ref = _call(fused_gdn_decode_reference, ref)
-    return _close(out, out_ref) and _close(mine["state_ref"], ref["state_ref"])
-
-
 _COMPILED = {}
 
 
@@ -159,8 +145,9 @@ def run(args):
     for H, Hv, sd, B in configs:
         state_dtype = DTYPES[sd]
         D = args.head_dim
-        x = make_decode_inputs(B, H, Hv, D, D, dtype, state_dtype,
-                               pool=int(args.pool_factor * B) + 1, device=device)
+        case = Case(B=B, H=H, Hv=Hv, K=D, V=D, dtype=dtype, state_dtype=state_dtype,
+                    pool=int(args.pool_factor * B) + 1, layout="projection")
+        x = make_inputs(case, device=device)
         nbytes = 2 * B * Hv * D * D * x["state_ref"].element_size()
         row = dict(H=H, Hv=Hv, K=D, V=D, B=B, pool=x["state_ref"].shape[0], input=args.input_dtype,
                    state=sd, bytes=nbytes)
@@ -170,15 +157,20 @@ def run(args):
                 src = torch.empty(nbytes // 8, dtype=torch.int32, device=device).fill_(1)
                 if backend == "copy":
                     dst = torch.empty_like(src)
-                    fn = (lambda src=src, dst=dst: dst.copy_(src))
+
+                    def fn(src=src, dst=dst):
+                        return dst.copy_(src)
                 else:
-                    fn = (lambda src=src: src.bitwise_or_(0))
+                    def fn(src=src):
+                        return src.bitwise_or_(0)
                 ok = True
             else:
                 impl = {"ours": op, "reference": fused_gdn_decode_reference}.get(backend)
                 impl = impl or compiled_reference()
-                ok = verify(impl, x)
-                fn = (lambda impl=impl: _call(impl, x))
+                # Runs impl and the reference once on copies of the state: out and state agree?
+                ok = agrees_with_reference(impl, x)
+                def fn(impl=impl, x=x):
+                    return call(impl, x)
             t = time_call(fn, sync, args.min_time)
             row[f"{backend}_us"] = t * 1e6
             row[f"{backend}_GBps"] = nbytes / t / 1e9
@@ -247,7 +239,8 @@ def write_plot(rows, backends, path, title):
     groups = sorted({(r["H"], r["Hv"], r["state"]) for r in rows})
     n = len(groups)
     cols = min(n, 2)
-    fig, axes = plt.subplots(math.ceil(n / cols), cols, figsize=(6 * cols, 3.6 * math.ceil(n / cols)),
+    nrows = math.ceil(n / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(6 * cols, 3.6 * nrows),
                              squeeze=False)
     for ax, (H, Hv, sd) in zip(axes.flat, groups):
         sub = sorted((r for r in rows if (r["H"], r["Hv"], r["state"]) == (H, Hv, sd)),
@@ -276,8 +269,8 @@ def write_plot(rows, backends, path, title):
 
 def run_cuda(args):
     """--device cuda: the Triton kernel against FLA, compiled reference and a device copy
-    (custom_ops.triton_bench, which times with CUDA-graph replays)."""
-    from custom_ops import triton_bench
+    (benchmarks/cuda.py, which times with CUDA-graph replays)."""
+    from benchmarks import cuda as triton_bench
 
     shapes = []
     if args.shapes in ("all", "full"):
@@ -288,7 +281,7 @@ def run_cuda(args):
         batch_sizes=tuple(args.batch), shapes=tuple(shapes),
         state_dtypes=tuple(DTYPES[s] for s in args.state_dtype), dtype=DTYPES[args.input_dtype],
         log=(lambda *a: None) if args.no_progress else (lambda *a: print(*a, file=sys.stderr)))
-    print(f"custom_ops.bench: npu_fused_gdn_decode on cuda ({torch.cuda.get_device_name()}), "
+    print(f"benchmarks: npu_fused_gdn_decode on cuda ({torch.cuda.get_device_name()}), "
           f"torch {torch.__version__}")
     print(triton_bench.format_table(rows))
     return rows
@@ -318,13 +311,13 @@ def main(argv=None):
         return 0
     rows = run(args)
     machine = machine_description(args.device)
-    print(f"custom_ops.bench: npu_fused_gdn_decode on {args.device} ({machine}), torch "
+    print(f"benchmarks: npu_fused_gdn_decode on {args.device} ({machine}), torch "
           f"{torch.__version__}, input {args.input_dtype}, K=V={args.head_dim}, "
           f"pool = {args.pool_factor:g}*B+1 slots")
     print(format_table(rows, args.backends))
     _write_tables(args, rows, machine)
     if args.device == "cpu" and args.callers:
-        from custom_ops import bench_threads
+        from benchmarks import threads as bench_threads
 
         print("\nConcurrent callers (each on its own slots of one pool; the op releases the GIL):")
         bench_threads.main(["--callers", *map(str, args.callers)])

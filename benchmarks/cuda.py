@@ -1,8 +1,8 @@
 """CUDA measurements of the decode step: our Triton kernel against FLA, torch.compile of the
 reference, and a device-to-device copy of the same state bytes (the bandwidth ceiling).
 
-``bench_cuda(...)`` returns rows (dicts); ``format_table(rows)`` prints them. ``custom_ops.bench``
-calls these for ``--device cuda``; ``benchmarks/gpu_check.py`` runs them after its checks.
+``bench_cuda(...)`` returns rows (dicts); ``format_table(rows)`` prints them. ``python -m benchmarks
+--device cuda`` calls these; ``benchmarks/gpu_check.py`` runs them after its checks.
 
 Timing: each method's call is captured ``inner`` times in one CUDA graph and the graph replayed,
 so the numbers are device time without Python launch cost (the compiled reference syncs on its
@@ -14,16 +14,22 @@ import math
 
 import torch
 
-from .bench_inputs import call as _call
-from .bench_inputs import make_decode_inputs
-from .reference import fused_gdn_decode_reference
+from custom_ops import fused_gdn_decode_reference
+from custom_ops.testing import Case, call, make_inputs
 
-# (name, H, Hv, K, V): Qwen3-Next-80B-A3B and its TP=2 shard, Qwen3.5-397B-A17B (SPEC.md).
+# (name, H, Hv, K, V): Qwen3-Next-80B-A3B and its TP=2 shard, Qwen3.5-397B-A17B (docs/spec.md).
 SHAPES = {
     "qwen3-next": (16, 32, 128, 128),
     "qwen3-next-tp2": (8, 16, 128, 128),
     "qwen3.5-397b": (16, 64, 128, 128),
 }
+
+
+def decode_case(B, H, Hv, K, V, dtype=torch.bfloat16, state_dtype=torch.float32):
+    """The benchmarked call: mixed_qkv, a and b column views of one projection, B distinct slots
+    of a pool of 2B + 1."""
+    return Case(B=B, H=H, Hv=Hv, K=K, V=V, dtype=dtype, state_dtype=state_dtype, pool=2 * B + 1,
+                layout="projection")
 
 
 def time_graph(fn, inner=20, reps=20, warmup=3):
@@ -129,8 +135,6 @@ def bench_cuda(batch_sizes=(1, 16, 64, 128, 256), shapes=("qwen3-next",),
     (the op launched from Python), "fla", "compile-ref" (torch.compile of the reference),
     "copy" (state_ref bytes of B slots, device to device).
     """
-    import custom_ops  # noqa: F401  (registers the op)
-
     op = torch.ops.custom.npu_fused_gdn_decode
     rows = []
     compiled_ref = torch.compile(fused_gdn_decode_reference) if include_compile else None
@@ -140,7 +144,7 @@ def bench_cuda(batch_sizes=(1, 16, 64, 128, 256), shapes=("qwen3-next",),
         for sdt in state_dtypes:
             sname = str(sdt).replace("torch.", "")
             for B in batch_sizes:
-                x = make_decode_inputs(B, H, Hv, K, V, dtype=dtype, state_dtype=sdt, device="cuda")
+                x = make_inputs(decode_case(B, H, Hv, K, V, dtype, sdt), device="cuda")
                 state_bytes = B * Hv * V * K * x["state_ref"].element_size()
                 moved = 2 * state_bytes
 
@@ -154,11 +158,13 @@ def bench_cuda(batch_sizes=(1, 16, 64, 128, 256), shapes=("qwen3-next",),
 
                 src = torch.empty(state_bytes, dtype=torch.uint8, device="cuda")
                 dst = torch.empty_like(src)
-                copy = row("copy", time_graph(lambda: dst.copy_(src), inner, reps), "graph")
+                copy = row("copy", time_graph(lambda src=src, dst=dst: dst.copy_(src), inner, reps),
+                           "graph")
                 del src, dst
                 results = [copy]
-                results.append(row("ours", time_graph(lambda: _call(op, x), inner, reps), "graph"))
-                results.append(row("ours-eager", time_eager(lambda: _call(op, x)), "eager"))
+                results.append(row("ours", time_graph(lambda x=x: call(op, x), inner, reps),
+                                   "graph"))
+                results.append(row("ours-eager", time_eager(lambda x=x: call(op, x)), "eager"))
                 if include_fla:
                     fn, note = _fla_call(x, H, Hv, K, V)
                     if fn is None:
@@ -172,7 +178,8 @@ def bench_cuda(batch_sizes=(1, 16, 64, 128, 256), shapes=("qwen3-next",),
                 if compiled_ref is not None:
                     try:
                         results.append(row("compile-ref",
-                                           time_eager(lambda: _call(compiled_ref, x), iters=20),
+                                           time_eager(lambda x=x: call(compiled_ref, x),
+                                                      iters=20),
                                            "eager", "syncs (boolean-mask index): not capturable"))
                     except Exception as e:
                         results.append(row("compile-ref", float("nan"), "-",
@@ -207,10 +214,10 @@ def sweep_tiles(B=64, shape="qwen3-next", state_dtype=torch.float32, dtype=torch
     The winners go into ``custom_ops.triton_kernel.TUNED_TILES`` (a fixed table: nothing is tuned
     at call time).
     """
-    from . import triton_kernel as tk
+    from custom_ops import triton_kernel as tk
 
     H, Hv, K, V = SHAPES[shape] if isinstance(shape, str) else shape
-    x = make_decode_inputs(B, H, Hv, K, V, dtype=dtype, state_dtype=state_dtype, device="cuda")
+    x = make_inputs(decode_case(B, H, Hv, K, V, dtype, state_dtype), device="cuda")
     bk = 1 << (K - 1).bit_length()
     results = []
     for bv in bvs:
@@ -219,7 +226,7 @@ def sweep_tiles(B=64, shape="qwen3-next", state_dtype=torch.float32, dtype=torch
         for w in warps:
             cfg = tk.TileConfig(BK=bk, BV=bv, num_warps=w)
             try:
-                us = time_graph(lambda: _call(
+                us = time_graph(lambda: call(
                     lambda *a: tk.fused_gdn_decode_triton(*a, config=cfg), x), inner, reps)
             except Exception as e:  # e.g. out of resources for a large tile
                 print(f"  {cfg}: failed: {type(e).__name__}")

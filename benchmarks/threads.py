@@ -1,4 +1,5 @@
-"""Concurrent-callers benchmark: ``python -m custom_ops.bench_threads``.
+"""Concurrent-callers benchmark: ``python -m benchmarks.threads`` (the last table of
+``python -m benchmarks``).
 
 N Python threads call torch.ops.custom.npu_fused_gdn_decode at once, each on its own B slots of
 one shared slot pool (as a server's per-request threads would). The op holds no GIL while the
@@ -9,29 +10,29 @@ another.
 """
 
 import argparse
+import dataclasses
 import threading
 import time
 
 import torch
 
-import custom_ops  # noqa: F401  (registers the op)
+import custom_ops
+from custom_ops.testing import OP, Case, call, make_inputs, use_threads
 
-OP = torch.ops.custom.npu_fused_gdn_decode
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def _problem(callers, B, H, Hv, D, state_dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    W = 2 * H * D + Hv * D
-    state = (torch.randn(1 + callers * B, Hv, D, D, generator=g) * 0.5).to(state_dtype)
-    calls = []
+    """One shared pool of 1 + callers * B slots; caller c owns slots 1 + c*B .. (c+1)*B.
+    Returns (state, inputs of each caller's call on that state)."""
+    case = Case(B=B, H=H, Hv=Hv, K=D, V=D, state_dtype=state_dtype, pool=1 + callers * B)
+    state, calls = None, []
     for c in range(callers):
-        ab = torch.randn(B, 2 * Hv, generator=g).bfloat16()
-        calls.append((torch.randn(B, W, generator=g).bfloat16(), ab[:, :Hv], ab[:, Hv:],
-                      torch.arange(1 + c * B, 1 + (c + 1) * B, dtype=torch.int32)))
-    a_log = torch.randn(Hv, generator=g) * 0.5
-    dt_bias = (torch.randn(Hv, generator=g) * 0.5).bfloat16()
-    return state, calls, a_log, dt_bias
+        own = tuple(range(1 + c * B, 1 + (c + 1) * B))
+        x = make_inputs(dataclasses.replace(case, indices=own, seed=seed + c), state_ref=state)
+        state = x["state_ref"]
+        calls.append(x)
+    return state, calls
 
 
 def _in_threads(fns):
@@ -62,17 +63,13 @@ def concurrency_bench(callers=(1, 2, 4), batch=8, H=16, Hv=32, D=128, state_dtyp
     at once on average (at most 1 if the GIL serialised them; it also shows when the machine has
     fewer free cores than callers)."""
     sdt = DTYPES[state_dtype]
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(intra_op_threads)
     rows = []
-    try:
+    with use_threads(intra_op_threads):
         for n in callers:
-            state, calls, a_log, dt_bias = _problem(n, batch, H, Hv, D, sdt)
-            scale = D**-0.5
+            state, calls = _problem(n, batch, H, Hv, D, sdt)
 
             def one(c, st):
-                qkv, a, b, idx = calls[c]
-                return OP(qkv, a, b, a_log, dt_bias, st, idx, scale)
+                return call(OP, dict(calls[c], state_ref=st))
 
             # Check: one concurrent round == the same calls in sequence, bit for bit.
             seq_state, par_state = state.clone(), state.clone()
@@ -89,15 +86,16 @@ def concurrency_bench(callers=(1, 2, 4), batch=8, H=16, Hv=32, D=128, state_dtyp
 
             # Calibrate calls per thread to about min_time, then time all threads together.
             t0 = time.perf_counter()
-            one(0, state)
+            call(OP, calls[0])
             per_call = max(time.perf_counter() - t0, 1e-6)
             iters = max(3, int(min_time / per_call))
             counts, cpu = [0] * n, [0.0] * n
 
             def loop(c):
+                x = calls[c]
                 t = time.thread_time()
                 for _ in range(iters):
-                    one(c, state)
+                    call(OP, x)
                     counts[c] += 1
                 cpu[c] = time.thread_time() - t
 
@@ -109,8 +107,6 @@ def concurrency_bench(callers=(1, 2, 4), batch=8, H=16, Hv=32, D=128, state_dtyp
             rows.append(dict(callers=n, calls_per_s=total / elapsed,
                              gb_per_s=total * bytes_per_call / elapsed / 1e9,
                              cpu_per_wall=sum(cpu) / elapsed))
-    finally:
-        torch.set_num_threads(old_threads)
     base = rows[0]["calls_per_s"] if rows else 1.0
     for r in rows:
         r["speedup"] = r["calls_per_s"] / base
@@ -118,7 +114,7 @@ def concurrency_bench(callers=(1, 2, 4), batch=8, H=16, Hv=32, D=128, state_dtyp
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m custom_ops.bench_threads", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.threads", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--callers", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--batch", type=int, default=8, help="rows per call (per caller)")

@@ -1,0 +1,10 @@
+"""Benchmarks and device checks of custom_ops; run from the repository root, not installed.
+
+    python -m benchmarks                  the main job: the CPU table (--device cpu|npu|cuda)
+    python -m benchmarks.threads          concurrent Python callers on one slot pool (CPU)
+    python benchmarks/gpu_check.py        the CUDA path's checks, then its benchmark (GPU host)
+    python benchmarks/npu_vs_cpu.py       the NPU binding against the CPU op (Ascend host)
+
+``benchmarks.cuda`` holds the CUDA timing (Triton kernel, FLA, compiled reference, copy). Inputs
+and tolerances come from ``custom_ops.testing``, as in the tests.
+"""

@@ -1,0 +1,95 @@
+"""CUDA registration of ``custom::npu_fused_gdn_decode``: the Triton kernel
+(``custom_ops.triton_kernel``) behind the shared C++ input check, or the checked reference
+(``custom_ops.composite``) when triton is not installed or its kernel module fails to import.
+
+Slot indices (range and uniqueness) need their values on the host, i.e. a device sync. The Triton
+path checks them only when ``CUSTOM_OPS_CHECK_INDICES=1`` is set or after
+``set_check_indices(True)`` (never during CUDA-graph capture), as the NPU path leaves them to the
+caller; the kernel never touches a slot outside [1, BlockNum) either way.
+"""
+
+import importlib.util
+import logging
+import os
+
+import torch
+
+from .composite import OP_NAME, fused_gdn_decode_checked_reference, profiler_scope
+
+log = logging.getLogger(__name__)
+
+PROFILER_EVENT = "custom_ops::npu_fused_gdn_decode_triton"
+
+_TRUE = ("1", "true", "on", "yes")
+_check_indices = os.environ.get("CUSTOM_OPS_CHECK_INDICES", "0").lower() in _TRUE
+
+
+def set_check_indices(enabled: bool) -> bool:
+    """Turn the host-side slot-index check of the Triton path on or off; returns the old value.
+
+    Off by default: it copies ``ssm_state_indices`` to the host (a device sync) on every call.
+    ``CUSTOM_OPS_CHECK_INDICES=1`` turns it on at import.
+    """
+    global _check_indices
+    old, _check_indices = _check_indices, bool(enabled)
+    return old
+
+
+def check_indices_enabled() -> bool:
+    return _check_indices
+
+
+_triton_launch = None  # custom_ops.triton_kernel.fused_gdn_decode_triton once imported
+
+
+def _load_triton():
+    """The Triton launcher, or None when triton is installed but cannot be imported."""
+    global _triton_launch
+    if _triton_launch is None:
+        try:
+            from .triton_kernel import fused_gdn_decode_triton
+            _triton_launch = fused_gdn_decode_triton
+        except Exception as e:  # a broken triton install must not break the op
+            log.warning("custom_ops: triton kernel unavailable (%s); using the reference", e)
+            _triton_launch = False
+    return _triton_launch or None
+
+
+def _capturing(t):
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def fused_gdn_decode_cuda(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+                          softplus_threshold=20.0):
+    """The Triton kernel behind the shared check: the CUDA kernel when triton is installed.
+
+    Also runs on CPU tensors under ``TRITON_INTERPRET=1`` (the tests call it that way).
+    """
+    launch = _load_triton()
+    if launch is None:
+        return fused_gdn_decode_checked_reference(mixed_qkv, a, b, a_log, dt_bias, state_ref,
+                                                  ssm_state_indices, scale, softplus_threshold)
+    with profiler_scope(PROFILER_EVENT):
+        torch.ops.custom_ops_internal.check_inputs(
+            mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+            softplus_threshold)
+        if _check_indices and not _capturing(ssm_state_indices):
+            torch.ops.custom_ops_internal.check_slot_indices(ssm_state_indices.cpu(),
+                                                             state_ref.shape[0])
+        return launch(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+                      softplus_threshold)
+
+
+def triton_available() -> bool:
+    # find_spec, not import: importing triton costs about a second; the kernel module is imported
+    # on the first CUDA call instead.
+    return importlib.util.find_spec("triton") is not None
+
+
+# The function registered for the CUDA key.
+KERNEL = fused_gdn_decode_cuda if triton_available() else fused_gdn_decode_checked_reference
+if KERNEL is fused_gdn_decode_checked_reference:
+    log.info("custom_ops: triton not installed; CUDA runs the pure-torch reference")
+
+_lib = torch.library.Library("custom", "IMPL")
+_lib.impl(OP_NAME, KERNEL, "CUDA")

@@ -1,0 +1,145 @@
+"""The Python registrations: ``custom_ops.cuda`` (CUDA: the Triton kernel behind the input check,
+or the checked reference without triton) and ``custom_ops.composite`` (CompositeExplicitAutograd:
+the checked reference for every other device). Which key runs which kernel, as the profiler sees
+it (each backend names itself there), the checked reference against the reference and the CPU op,
+the debug index switch, and a triton that fails to import. Every backend's rejections are in
+test_validation.py's table.
+
+CPU-only machines have no XPU/MPS/CUDA tensors, so the registered kernels are reached with
+``OpOverload.redispatch`` on CPU tensors: the dispatcher runs whatever that key's table entry holds.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from custom_ops import composite
+from custom_ops import cuda as cuda_backend
+from custom_ops.testing import (
+    DTYPE_PAIR_IDS,
+    DTYPE_PAIRS,
+    OP,
+    Case,
+    assert_close,
+    call,
+    check_against_reference,
+    make_inputs,
+    to_meta,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REFERENCE_EVENT = composite.PROFILER_EVENT
+TRITON_EVENT = cuda_backend.PROFILER_EVENT
+
+
+def via(key):
+    """The op as dispatched to `key`'s kernel, whatever the inputs' device."""
+    keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+    return lambda *args, **kw: OP.default.redispatch(keyset, *args, **kw)
+
+
+def profiled_events(fn):
+    """Names of the profiler events recorded while fn() runs."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events()}
+
+
+# --- which kernel each key runs ---------------------------------------------------------------
+
+def test_cpp_kernels_keep_their_keys():
+    # CompositeExplicitAutograd must not shadow the C++ CPU and Meta kernels.
+    x = make_inputs(Case(B=2, H=1, Hv=2, K=64, V=8))
+    for key in ("CPU", "Meta"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(OP.default.name(), key), key
+    for run in (lambda: call(OP, x), lambda: call(OP, to_meta(x))):
+        events = profiled_events(run)
+        assert "custom::npu_fused_gdn_decode" in events
+        assert not events & {REFERENCE_EVENT, TRITON_EVENT}, events
+
+
+@pytest.mark.parametrize("key", ["CUDA", "XPU", "MPS", "HPU"])
+def test_python_kernels_cover_other_devices(key):
+    x = make_inputs(Case(B=2, H=1, Hv=2, K=64, V=8, invalid_rows=(1,)))
+    events = profiled_events(lambda: check_against_reference(x, fn=via(key)))
+    triton = key == "CUDA" and cuda_backend.triton_available()
+    assert (TRITON_EVENT if triton else REFERENCE_EVENT) in events, events
+    assert (REFERENCE_EVENT if triton else TRITON_EVENT) not in events, events
+
+
+def test_cuda_kernel_choice():
+    expected = (cuda_backend.fused_gdn_decode_cuda if cuda_backend.triton_available()
+                else composite.fused_gdn_decode_checked_reference)
+    assert cuda_backend.KERNEL is expected
+
+
+def test_import_without_triton():
+    # A None entry in sys.modules makes `import triton` fail and find_spec raise ValueError... so
+    # hide it from find_spec too; the package must import and send CUDA to the checked reference.
+    code = (
+        "import sys, importlib.util\n"
+        "sys.modules['triton'] = None\n"
+        "_find = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda n, *a: None if n == 'triton' else _find(n, *a)\n"
+        "import torch, custom_ops\n"
+        "from custom_ops import composite, cuda\n"
+        "from custom_ops.testing import Case, OP, check_against_reference, make_inputs\n"
+        "assert cuda.KERNEL is composite.fused_gdn_decode_checked_reference\n"
+        "keyset = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)\n"
+        "entry = lambda *a, **kw: OP.default.redispatch(keyset, *a, **kw)\n"
+        "check_against_reference(make_inputs(Case(invalid_rows=(1,))), steps=2, fn=entry)\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_broken_triton_falls_back_to_reference(monkeypatch):
+    # triton found but its kernel module failed to import: the CUDA entry still computes the op.
+    monkeypatch.setattr(cuda_backend, "_triton_launch", False)
+    x = make_inputs(Case(B=3, H=1, Hv=2, K=64, V=8, invalid_rows=(1,)))
+    events = profiled_events(
+        lambda: check_against_reference(x, fn=cuda_backend.fused_gdn_decode_cuda))
+    assert REFERENCE_EVENT in events and TRITON_EVENT not in events, events
+
+
+# --- the checked reference computes the op ----------------------------------------------------
+
+@pytest.mark.parametrize("dtype,state_dtype", DTYPE_PAIRS, ids=DTYPE_PAIR_IDS)
+def test_checked_reference_matches_reference(dtype, state_dtype):
+    x = make_inputs(Case(B=4, H=1, Hv=3, K=64, V=8, dtype=dtype, state_dtype=state_dtype,
+                         invalid_rows=(1, 2)))
+    check_against_reference(x, steps=2, fn=via("XPU"))
+
+
+def test_checked_reference_matches_cpu_op():
+    x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16, invalid_rows=(0,)))
+    ours, cpu = check_against_reference(x, fn=composite.fused_gdn_decode_checked_reference)
+    out_cpu = call(OP, cpu)  # one more step on both, the CPU op against the checked reference
+    out = call(composite.fused_gdn_decode_checked_reference, ours)
+    assert_close(out, out_cpu, "out")
+    assert_close(ours["state_ref"], cpu["state_ref"], "state")
+
+
+def test_every_call_is_checked():
+    # An accepted call does not let a later one with the same sizes through unchecked.
+    x = make_inputs(Case())
+    call(composite.fused_gdn_decode_checked_reference, x)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        call(composite.fused_gdn_decode_checked_reference, dict(x, scale=float("inf")))
+
+
+def test_check_indices_switch():
+    old = cuda_backend.set_check_indices(True)
+    try:
+        assert cuda_backend.check_indices_enabled()
+        assert cuda_backend.set_check_indices(False) is True
+        assert not cuda_backend.check_indices_enabled()
+    finally:
+        cuda_backend.set_check_indices(old)
+    assert cuda_backend.check_indices_enabled() == old
