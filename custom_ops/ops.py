@@ -17,8 +17,9 @@ def fused_gdn_decode(
 ) -> torch.Tensor:
     """One fused Gated DeltaNet decode step for a batch of sequences.
 
-    Calls ``torch.ops.custom.npu_fused_gdn_decode`` (the CPU kernel, the Ascend NPU kernel, or the
-    Meta kernel under FakeTensor/torch.compile, by the inputs' device).
+    Calls ``torch.ops.custom.npu_fused_gdn_decode``; the inputs' device picks the kernel: the CPU
+    kernel, the Ascend NPU kernel, the Triton kernel on CUDA, the checked reference on other
+    devices, or the Meta kernel under FakeTensor/torch.compile.
 
     Args:
         mixed_qkv: [B, 2*H*K + Hv*V] bf16/fp16: q of H heads, then k of H heads, then v of Hv heads.
