@@ -52,8 +52,8 @@ def _download(version, arch, dest):
     if res.returncode != 0:
         probe = _pip("index", "versions", "torch-npu")
         if probe.returncode != 0:
-            raise RegistryUnreachable(
-                f"cannot reach the package index for torch-npu: {probe.stderr.strip()[-400:]}")
+            last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RegistryUnreachable(f"pip cannot reach the package index ({last})")
         raise RuntimeError(f"pip could not download torch-npu=={version} for {arch} (Python {py}): "
                            f"{res.stderr.strip()[-800:]}\nAvailable: {probe.stdout.strip()}")
     wheels = sorted(dest.glob(f"torch_npu-{version}-*{arch}.whl"))
