@@ -73,6 +73,7 @@ def check_source(wheel_include, acl_api_text):
 
 
 def compile_check(wheel, tmp_path, csrc, mode):
+    """Starts the compile of the check against the wheel's headers; returns the Popen."""
     include = wheel / "x86_64" / "torch_npu" / "include"
     src = tmp_path / "check.cpp"
     src.write_text(check_source(include, (csrc / "npu" / "acl_api.h").read_text()))
@@ -80,14 +81,15 @@ def compile_check(wheel, tmp_path, csrc, mode):
     cmd = ["g++", "-std=c++17", mode, "-w", f"-I{ABI_DIR / 'shadow'}", f"-I{csrc}",
            f"-I{include}", *(f"-I{p}" for p in torch_inc), str(src), "-o",
            str(tmp_path / "check.o")]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False)
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def test_declarations_match_the_wheel_headers(torch_npu_wheel, tmp_path):
     from fetch_torch_npu import elf_symbols
 
-    res = compile_check(torch_npu_wheel, tmp_path, REPO / "csrc", "-c")
-    assert res.returncode == 0, res.stderr[-4000:]
+    proc = compile_check(torch_npu_wheel, tmp_path, REPO / "csrc", "-c")
+    _, err = proc.communicate()
+    assert proc.returncode == 0, err[-4000:]
     _, undefined = elf_symbols((tmp_path / "check.o").read_bytes())
     # the real declarations mangle to exactly the names the binding looks up
     assert set(torch.ops.custom_ops_npu.torch_npu_symbols()) <= undefined
@@ -103,15 +105,18 @@ MUTATIONS = {
 }
 
 
-@pytest.mark.parametrize("what", MUTATIONS)
-def test_check_fails_when_a_declaration_changes(torch_npu_wheel, tmp_path, what):
-    """The check is not vacuous: one changed value, signature or layout breaks the compile."""
-    rel, old, new, label = MUTATIONS[what]
-    csrc = tmp_path / "csrc"
-    shutil.copytree(REPO / "csrc" / "npu", csrc / "npu")
-    text = (csrc / rel).read_text()
-    assert old in text
-    (csrc / rel).write_text(text.replace(old, new))
-    res = compile_check(torch_npu_wheel, tmp_path, csrc, "-fsyntax-only")
-    assert res.returncode != 0
-    assert label in res.stderr, res.stderr[-4000:]
+def test_check_fails_when_a_declaration_changes(torch_npu_wheel, tmp_path):
+    """The check is not vacuous: one changed value, signature or layout breaks the compile (the
+    three mutated copies compile side by side)."""
+    procs = {}
+    for i, (what, (rel, old, new, label)) in enumerate(MUTATIONS.items()):
+        work = tmp_path / str(i)
+        shutil.copytree(REPO / "csrc" / "npu", work / "csrc" / "npu")
+        text = (work / "csrc" / rel).read_text()
+        assert old in text, what
+        (work / "csrc" / rel).write_text(text.replace(old, new))
+        procs[what] = (compile_check(torch_npu_wheel, work, work / "csrc", "-fsyntax-only"), label)
+    for what, (proc, label) in procs.items():
+        _, err = proc.communicate()
+        assert proc.returncode != 0, what
+        assert label in err, f"{what}: {err[-4000:]}"
