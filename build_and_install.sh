@@ -40,5 +40,9 @@ if [ "$WITH_TEST_DEPS" = 1 ]; then
   if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
     "$PYTHON" -m pip install -q --no-deps "triton==${TRITON_VERSION:-3.9.0}"
   fi
+  # The torch-npu wheels (torchair's Python, headers, libtorch_npu.so's symbols) for the graph-mode
+  # and ABI tests: downloaded once into .cache/torch_npu/, never installed. Offline, those tests
+  # skip.
+  "$PYTHON" scripts/fetch_torch_npu.py || echo "build_and_install: torch-npu wheels not fetched"
 fi
 "$PYTHON" -c "import custom_ops, torch; print('custom_ops installed: torch', torch.__version__, '| CPU kernel:', custom_ops.cpu_isa(), '| variants:', custom_ops.cpu_isas())"

@@ -2,8 +2,10 @@
 // all call it before touching any data, so every backend accepts and rejects the same inputs.
 // Written on SymInt so the Meta kernel can run it on symbolic shapes under torch.compile.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -78,6 +80,18 @@ void check_shape(const at::Tensor& t, const char* name, c10::SymIntArrayRef expe
   TORCH_CHECK_VALUE(
       t.sym_sizes() == expected, kOp, name, " must have shape ", layout, " = ", expected,
       ", but got ", t.sym_sizes());
+}
+
+// The kernels take the two floats as float32 (the vendor C API and GE attrs are float): a double
+// beyond float32's range would become inf there, so it is rejected like inf and NaN.
+void check_float32_attr(double v, const char* name) {
+  if (std::isfinite(v) && std::fabs(v) <= std::numeric_limits<float>::max()) {
+    return;
+  }
+  char given[32] = {};
+  std::to_chars(given, given + sizeof(given) - 1, v);  // shortest form that reads back as v
+  TORCH_CHECK_VALUE(false, kOp, name, " must be finite and within float32's range (|", name,
+                    "| <= 3.4028234663852886e+38), but got ", given);
 }
 
 } // namespace
@@ -183,9 +197,8 @@ GdnDims check_fused_gdn_decode_inputs(
   TORCH_CHECK_VALUE(state_ref.is_contiguous(), kOp,
                     "state_ref must be contiguous (it is updated in place), but got strides ",
                     state_ref.sym_strides(), " for shape ", state_ref.sym_sizes());
-  TORCH_CHECK_VALUE(std::isfinite(scale), kOp, "scale must be finite, but got ", scale);
-  TORCH_CHECK_VALUE(std::isfinite(softplus_threshold), kOp,
-                    "softplus_threshold must be finite, but got ", softplus_threshold);
+  check_float32_attr(scale, "scale");
+  check_float32_attr(softplus_threshold, "softplus_threshold");
   return d;
 }
 

@@ -1,4 +1,6 @@
 import os
+import pathlib
+import sys
 
 # The Triton kernel runs on CPU tensors through Triton's interpreter here (there is no GPU). Set
 # before anything jits it: custom_ops.triton_kernel decorates the kernel on its first launch.
@@ -44,3 +46,17 @@ def one_thread():
     machine costs more in barriers than it computes (results do not depend on it)."""
     with use_threads(1):
         yield
+
+
+@pytest.fixture(scope="session")
+def torch_npu_wheel():
+    """The torch-npu wheels matching torch (x86-64 and aarch64), downloaded once and unpacked,
+    never installed, by scripts/fetch_torch_npu.py. Skips only when the package index cannot be
+    reached; any other failure (no release for this torch, a changed wheel) is an error."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "scripts"))
+    import fetch_torch_npu
+
+    try:
+        return fetch_torch_npu.ensure()
+    except fetch_torch_npu.RegistryUnreachable as e:
+        pytest.skip(f"torch-npu wheel not available, the package index is unreachable: {e}")

@@ -1,11 +1,7 @@
-"""Graph mode: the torchair fx2ge converter and torch.compile (Inductor, CPU).
+"""Graph mode without torchair: the converter's registration hook, ``reinplace_pass`` (the FX pass
+for torchair's post-grad pre-pass) on aot_autograd graphs, and torch.compile with Inductor (CPU).
 
-The converter tests are CONTRACT TESTS: torchair is not installed here, so they run the converter
-against ``fake_torchair``, a recording fake of the torchair calls it makes (installed into
-``sys.modules`` only inside each test). They pin the GE op we emit (type, input names and order,
-attr types and values, outputs) and, by executing the recorded graph, that the tensor torchair
-writes back to ``state_ref`` holds the reference's updated state. What GE itself does on an Ascend
-host is not tested here; ``test_real_torchair_*`` runs only where torchair imports.
+The converter itself is tested against torchair's real code in test_torchair.py.
 """
 
 import logging
@@ -13,37 +9,14 @@ import sys
 
 import pytest
 import torch
+from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
-import custom_ops
 import custom_ops.converter as converter_pkg
 from custom_ops import fused_gdn_decode_reference
-from custom_ops.converter import fused_gdn_decode as conv_mod
-from custom_ops.testing import OP, Case, assert_close, call, clone_inputs, make_inputs
+from custom_ops.converter import reinplace_pass
+from custom_ops.testing import ARG_NAMES, OP, Case, assert_close, make_inputs
 
-ARGS = ("mixed_qkv", "a", "b", "a_log", "dt_bias", "state_ref", "ssm_state_indices")
-GE_INPUTS = ["mixed_qkv", "a", "b", "a_log", "dt_bias", "state", "ssm_state_indices"]
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    import fake_torchair
-
-    monkeypatch.setattr(converter_pkg, "_registered", False)
-    return fake_torchair.install(monkeypatch)
-
-
-def _build(fake, inputs, converter=conv_mod.convert_npu_fused_gdn_decode, **kw):
-    """Feeds `inputs` as GE Data ops and converts one call the way torchair's
-    auto_functionalized_v2 handler does. Returns (Data tensors by arg, Functionalized)."""
-    data = {name: fake.Data(inputs[name], name) for name in ARGS}
-    kwargs = dict(data, scale=inputs["scale"], **kw)
-    return data, fake.auto_functionalize(converter, kwargs, mutable="state_ref")
-
-
-def _only_op(fake, op_type):
-    ops = [op for op in fake.graph().op if op.type == op_type]
-    assert len(ops) == 1, f"expected one {op_type}, got {[op.type for op in fake.graph().op]}"
-    return ops[0]
+HOP = torch.ops.higher_order.auto_functionalized_v2
 
 
 # --- registration ----------------------------------------------------------------------------
@@ -58,175 +31,95 @@ def test_register_without_torchair_returns_false(monkeypatch, caplog):
     assert not any(r.levelno >= logging.WARNING for r in caplog.records)
 
 
-def test_register_with_torchair_is_idempotent(fake):
-    target = torch.ops.custom.npu_fused_gdn_decode.default
-    assert converter_pkg.register() is True
-    assert fake.converters == {target: conv_mod.convert_npu_fused_gdn_decode}
-    fake.converters.clear()
-    assert converter_pkg.register() is True
-    assert fake.converters == {}  # second call registered nothing
+# --- reinplace_pass --------------------------------------------------------------------------
 
 
-def test_import_hook_registers(fake):
-    custom_ops._register_converter()  # what `import custom_ops` runs
-    assert torch.ops.custom.npu_fused_gdn_decode.default in fake.converters
+def compile_with(fn, use_pass):
+    """torch.compile through aot_autograd with input mutations kept in the graph (as torchair
+    does), the forward graph run as is; with `use_pass`, reinplace_pass applied to it first.
+    Returns (compiled fn, the forward graphs)."""
+    graphs = []
+
+    def forward(gm, example_inputs):
+        if use_pass:
+            reinplace_pass(gm, example_inputs)
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward,
+                                     keep_inference_input_mutations=True)
+
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=backend, fullgraph=True), graphs
 
 
-# --- the emitted GE op -----------------------------------------------------------------------
+def targets(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
 
 
-@pytest.mark.parametrize("threshold", [None, 15.0], ids=["default-threshold", "threshold-15"])
-def test_converter_emits_fused_gdn_decode(fake, threshold):
-    inputs = make_inputs(Case())
-    kw = {} if threshold is None else {"softplus_threshold": threshold}
-    data, res = _build(fake, inputs, **kw)
-    op = _only_op(fake, "FusedGdnDecode")
-
-    assert [name for name, _ in op.inputs] == GE_INPUTS
-    fed = dict(op.inputs)
-    for arg, ge_name in conv_mod.INPUTS.items():
-        if arg == "state_ref":  # torchair hands the converter a TensorMove copy of the input
-            assert fed["state"].node.type == "TensorMove"
-            assert fed["state"].node.input("x") is data["state_ref"]
-        else:
-            assert fed[ge_name] is data[arg], ge_name
-
-    assert set(op.attrs) == {"scale", "softplus_threshold"}
-    for name, expected in [("scale", inputs["scale"]), ("softplus_threshold", threshold or 20.0)]:
-        a = op.attrs[name]
-        assert a.cls == "Float" and type(a.value) is float, (name, a)
-        assert a.value == expected, name
-    assert op.outputs == ["out", "state_out"]
-    assert res.out.node is op and res.out.index == 0  # the op's only torch return
+def step(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices):
+    return OP(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, 0.125,
+              softplus_threshold=15.0)
 
 
-def test_converter_positional_call_and_meta_outputs(fake):
-    # The non-functionalized path calls with positional tensors and meta_outputs.
-    inputs = make_inputs(Case())
-    data = [fake.Data(inputs[n], n) for n in ARGS]
-    out = conv_mod.convert_npu_fused_gdn_decode(*data, inputs["scale"], meta_outputs=object())
-    op = _only_op(fake, "FusedGdnDecode")
-    assert out.node is op and op.attrs["softplus_threshold"].value == 20.0
+@pytest.mark.parametrize("use_pass", [True, False], ids=["pass", "no-pass"])
+def test_reinplace_pass_calls_the_op_on_the_input(use_pass):
+    compiled, graphs = compile_with(step, use_pass)
+    state = make_inputs(Case(pool=24))["state_ref"]
+    ref_state = state.clone()
+    with torch.no_grad():
+        for B in (2, 5, 9):
+            x = make_inputs(Case(B=B, pool=24, invalid_rows=(1,) if B > 2 else (), seed=B))
+            for n in ("mixed_qkv", "a", "b", "ssm_state_indices"):
+                torch._dynamo.mark_dynamic(x[n], 0)
+            args = [x[n] if n != "state_ref" else state for n in ARG_NAMES]
+            out = compiled(*args)
+            out_ref = fused_gdn_decode_reference(*(x[n] for n in ARG_NAMES[:5]), ref_state,
+                                                 x["ssm_state_indices"], 0.125,
+                                                 softplus_threshold=15.0)
+            assert_close(out, out_ref, f"out, B={B}")
+            assert_close(state, ref_state, f"state, B={B}")
+    (gm,) = graphs
+    if use_pass:
+        assert HOP not in targets(gm) and torch.ops.aten.copy_.default not in targets(gm)
+        (call,) = [n for n in gm.graph.nodes if n.target is OP.default]
+        assert call.args[5].op == "placeholder" and call.kwargs == {"softplus_threshold": 15.0}
+    else:  # what the pass removes
+        assert HOP in targets(gm) and torch.ops.aten.copy_.default in targets(gm)
 
 
-def test_converter_rejects_non_constant_scale(fake):
-    inputs = make_inputs(Case())
-    data = {n: fake.Data(inputs[n], n) for n in ARGS}
-    with pytest.raises(TypeError, match=r"scale must be a Python float.*got Tensor"):
-        conv_mod.convert_npu_fused_gdn_decode(**data, scale=fake.Data(torch.tensor(0.1), "s"))
+def read_before(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices):
+    s = state_ref.sum()
+    return step(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices), s
 
 
-# --- the state write-back --------------------------------------------------------------------
-
-WRITE_BACK_CASES = [
-    Case(B=3, dtype=torch.bfloat16, state_dtype=torch.float32),
-    Case(B=4, H=2, Hv=4, K=64, V=32, dtype=torch.float16, state_dtype=torch.float16,
-         invalid_rows=(0, 3)),
-    Case(B=5, dtype=torch.bfloat16, state_dtype=torch.bfloat16, invalid_rows=(2,), pool=16),
-]
+def used_after(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices):
+    return step(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices), state_ref * 2
 
 
-@pytest.mark.parametrize("case", WRITE_BACK_CASES, ids=[c.id() for c in WRITE_BACK_CASES])
-def test_state_write_back(fake, case):
-    inputs = make_inputs(case)
-    original = inputs["state_ref"].clone()
-    _, res = _build(fake, inputs, softplus_threshold=15.0)
-
-    # torchair's name rule must find the updated state on the last op we emitted.
-    assert res.found_ref_pair, [op.type for op in fake.graph().op]
-    last = fake.graph().op[-1]
-    assert last.type == "ScatterUpdate" and res.updated.node is last
-
-    out, updated = fake.execute([res.out, res.updated])
-    ref = clone_inputs(inputs)
-    out_ref = call(fused_gdn_decode_reference, ref, softplus_threshold=15.0)
-    assert_close(out, out_ref, "out")
-    assert_close(updated, ref["state_ref"], "state written back")
-    assert torch.equal(inputs["state_ref"], original)  # the graph input itself is not mutated
+def layer_of_cache(mixed_qkv, a, b, a_log, dt_bias, cache, ssm_state_indices):
+    return step(mixed_qkv, a, b, a_log, dt_bias, cache[1], ssm_state_indices)
 
 
-def _vendor_style(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale, *,
-                  softplus_threshold=20.0):
-    from torchair.ge import attr, custom_op
-
-    names = dict(zip(GE_INPUTS, (mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices)))
-    out, _ = custom_op("FusedGdnDecode", inputs=names, outputs=["out", "state_out"],
-                       attrs={"scale": attr.Float(scale),
-                              "softplus_threshold": attr.Float(softplus_threshold)})
-    return out
-
-
-def _assign_state_out(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale, *,
-                      softplus_threshold=20.0):
-    from torchair._ge_concrete_graph import ge_apis as ge
-    from torchair.ge import attr, custom_op
-
-    names = dict(zip(GE_INPUTS, (mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices)))
-    out, state_out = custom_op("FusedGdnDecode", inputs=names, outputs=["out", "state_out"],
-                               attrs={"scale": attr.Float(scale),
-                                      "softplus_threshold": attr.Float(softplus_threshold)})
-    ge.Assign(state_ref, state_out)
-    return out
-
-
-@pytest.mark.parametrize("wrong", [_vendor_style, _assign_state_out], ids=["out-only", "assign"])
-def test_write_back_check_catches_lost_update(fake, wrong):
-    """Negative control: the harness above must reject converters that lose the update."""
-    inputs = make_inputs(Case(B=3))
-    _, res = _build(fake, inputs, converter=wrong)
-    _, updated = fake.execute([res.out, res.updated])
-    ref = clone_inputs(inputs)
-    call(fused_gdn_decode_reference, ref)
-    with pytest.raises(AssertionError):
-        assert_close(updated, ref["state_ref"], "state written back")
-
-
-# --- real torchair (Ascend hosts only) -------------------------------------------------------
-
-
-def test_real_torchair_registers_converter(monkeypatch):
-    pytest.importorskip("torchair")
-    from torchair._ge_concrete_graph import fx2ge_converter
-
-    monkeypatch.setattr(converter_pkg, "_registered", False)
-    assert converter_pkg.register() is True
-    target = torch.ops.custom.npu_fused_gdn_decode.default
-    assert getattr(target, "_ge_converter", None) or fx2ge_converter._CONVERTERS[target]
-
-
-def test_real_torchair_graph(monkeypatch):
-    pytest.importorskip("torchair")
-    from torchair._ge_concrete_graph import ge_apis as ge
-    from torchair.core import _torchair
-    from torchair.ge._ge_graph import GeGraph
-
-    try:
-        status = _torchair.get_registered_ir_def("FusedGdnDecode")[0]
-    except Exception as e:  # no CANN runtime here
-        pytest.skip(f"GE IR registry not available: {e!r}")
-    if status != "SUCCESS":
-        pytest.skip("FusedGdnDecode IR not registered (vendor custom op package not installed)")
-
-    dtypes = [ge.DataType.DT_BF16, ge.DataType.DT_BF16, ge.DataType.DT_BF16, ge.DataType.DT_FLOAT,
-              ge.DataType.DT_BF16, ge.DataType.DT_FLOAT, ge.DataType.DT_INT32]
-    graph = GeGraph()
-    with graph:
-        data = [ge.Data(index=i, dtype=dt, placement="NPU", node_name=n)
-                for i, (n, dt) in enumerate(zip(ARGS, dtypes))]
-        out = conv_mod.convert_npu_fused_gdn_decode(*data, 0.125, softplus_threshold=15.0)
-    ops = list(graph.op)
-    fused = [op for op in ops if op.type == "FusedGdnDecode"]
-    assert len(fused) == 1
-    op = fused[0]
-    assert [d.name for d in op.input_desc] == GE_INPUTS
-    assert [d.name for d in op.output_desc] == ["out", "state_out"]
-    assert op.attr["scale"].f == pytest.approx(0.125)
-    assert op.attr["softplus_threshold"].f == pytest.approx(15.0)
-    assert out.tensor == f"{op.name}:0"
-    last = ops[-1]
-    assert last.type == "ScatterUpdate"
-    assert last.input[0] == data[5].tensor
-    assert last.input_desc[0].name == last.output_desc[0].name == "var"
+@pytest.mark.parametrize("fn", [read_before, used_after, layer_of_cache])
+def test_reinplace_pass_leaves_unsafe_calls_functional(fn):
+    """The input is read elsewhere in the graph, or the state is a view of a larger input: the
+    call stays functional, and results equal eager mode."""
+    compiled, graphs = compile_with(fn, True)
+    x = make_inputs(Case(B=4, pool=12, invalid_rows=(2,)))
+    state = x["state_ref"]
+    if fn is layer_of_cache:
+        state = torch.stack([state + 1, state, state - 1])
+    eager_state = state.clone()
+    with torch.no_grad():
+        got = compiled(*(x[n] for n in ARG_NAMES[:5]), state, x["ssm_state_indices"])
+        want = fn(*(x[n] for n in ARG_NAMES[:5]), eager_state, x["ssm_state_indices"])
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    for g, w in zip(got, want):
+        assert_close(g, w, "result")
+    assert_close(state, eager_state, "state")
+    assert HOP in targets(graphs[0])
 
 
 # --- torch.compile (Inductor, CPU) -----------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from custom_ops.testing import (
+    ARG_NAMES,
     DTYPE_PAIR_IDS,
     DTYPE_PAIRS,
     OP,
@@ -113,6 +114,7 @@ def open_fake(path):
     lib.fake_acl_set_workspace_size.argtypes = [ctypes.c_uint64]
     lib.fake_acl_fail.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p]
     lib.fake_acl_set_live_checker.argtypes = [ctypes.c_void_p]
+    lib.fake_acl_set_capture_status.argtypes = [ctypes.c_int]
     lib.count = lambda name: lib.fake_acl_counter(name.encode())
     return lib
 
@@ -330,6 +332,16 @@ def test_input_check_runs_before_the_vendor(env, device, fake_builds, tmp_path):
         call(OP, inputs)
 
 
+@pytest.mark.parametrize("name", ["scale", "softplus_threshold"])
+def test_floats_beyond_float32_are_rejected(fake, name):
+    # The vendor C API takes float: 1e39 would reach it as inf (the check is the shared one).
+    inputs = npu_inputs(dict(make_inputs(Case()), **{name: 1e39}))
+    thr = inputs.pop("softplus_threshold", 20.0)
+    with pytest.raises(ValueError, match=rf"{name} must be finite and within float32's range"):
+        call(OP, inputs, softplus_threshold=thr)
+    assert fake.count("GetWorkspaceSize") == 0
+
+
 def test_debug_index_check(fake, env):
     inputs = make_inputs(Case(B=3))
     inputs["ssm_state_indices"][2] = inputs["ssm_state_indices"][0]
@@ -362,7 +374,7 @@ def test_stream_from_torch_npu_api(fake, env, device):
     assert "device guard" in NPU.vendor_info()  # a look before "torch_npu" is loaded...
     env.setenv("CUSTOM_OPS_TORCH_NPU_LIB", device)  # ...is not final
     _, shim_base = torch.ops.fake_npu.handle_bases()
-    calls0, flushes0, _ = torch.ops.fake_npu.stats()
+    calls0, flushes0 = torch.ops.fake_npu.stats()[:2]
     inputs = npu_inputs(make_inputs(Case()))
     old = torch.ops.fake_npu.set_stream(5)
     try:
@@ -370,10 +382,83 @@ def test_stream_from_torch_npu_api(fake, env, device):
     finally:
         torch.ops.fake_npu.set_stream(old)
     assert fake.fake_acl_last_stream() == shim_base + 5
-    calls, flushes, _ = torch.ops.fake_npu.stats()
+    calls, flushes = torch.ops.fake_npu.stats()[:2]
     assert calls == calls0 + 1 and flushes == flushes0 + 1  # stream(need_empty=true)
     assert "c10_npu::getCurrentNPUStream" in NPU.vendor_info()
     assert_close(out.cpu(), call(OP, make_inputs(Case())), "out")
+
+
+@pytest.fixture
+def torch_npu_api(env, device):
+    """The binding takes the stream and the storage format from the device library's stand-ins
+    of torch_npu's exported functions, as it would from libtorch_npu.so."""
+    env.setenv("CUSTOM_OPS_TORCH_NPU_LIB", device)
+    NPU.reset_vendor()
+    yield
+    torch.ops.fake_npu.set_null_stream(False)
+    torch.ops.fake_npu.clear_formats()
+
+
+def test_null_stream_raises_and_launches_nothing(fake, torch_npu_api):
+    inputs = npu_inputs(make_inputs(Case()))
+    before = inputs["state_ref"].cpu()
+    torch.ops.fake_npu.set_null_stream(True)  # torch_npu's answer when its queue flush fails
+    with pytest.raises(RuntimeError, match=r"c10_npu::NPUStream::stream\(need_empty=true\) "
+                                           r"returned a null aclrtStream"):
+        call(OP, inputs)
+    assert fake.count("GetWorkspaceSize") == 0 and fake.count("Launch") == 0
+    assert torch.equal(inputs["state_ref"].cpu(), before)
+    torch.ops.fake_npu.set_null_stream(False)
+    call(OP, inputs)  # the same call works once the stream is back
+    assert fake.count("Launch") == 1
+
+
+@pytest.mark.parametrize("name", ARG_NAMES)
+@pytest.mark.parametrize("fmt", [29, 3, 1], ids=["FRACTAL_NZ", "NC1HWC0", "NHWC"])
+def test_private_storage_format_is_rejected(fake, torch_npu_api, name, fmt):
+    inputs = npu_inputs(make_inputs(Case()))
+    before = inputs["state_ref"].cpu()
+    torch.ops.fake_npu.set_format(inputs[name], fmt)  # as torch_npu.npu_format_cast leaves it
+    # torch_npu keeps the format per storage: a and b are views of one (named: a, the first)
+    storage = inputs[name].untyped_storage().data_ptr()
+    first = next(n for n in ARG_NAMES if inputs[n].untyped_storage().data_ptr() == storage)
+    with pytest.raises(ValueError, match=rf"npu_fused_gdn_decode: {first} must be stored in a "
+                                         rf"plain NPU format.*aclFormat {fmt}\)"):
+        call(OP, inputs)
+    assert fake.count("GetWorkspaceSize") == 0
+    assert torch.equal(inputs["state_ref"].cpu(), before)
+
+
+@pytest.mark.parametrize("fmt", [2, 0, 30], ids=["ND", "NCHW", "NCDHW"])
+def test_plain_storage_formats_are_accepted(fake, torch_npu_api, fmt):
+    inputs = make_inputs(Case())
+    dev = npu_inputs(inputs)
+    for name in ARG_NAMES:
+        torch.ops.fake_npu.set_format(dev[name], fmt)
+    out = call(OP, dev)
+    assert_close(out.cpu(), call(OP, inputs), "out")
+    assert_close(dev["state_ref"].cpu(), inputs["state_ref"], "state")
+
+
+def test_capture_makes_no_host_copy_or_sync(fake, torch_npu_api, env):
+    """While the stream is captured into an ACL graph (reduce-overhead mode), a call copies
+    nothing to the host, does not synchronise, and allocates only through torch's allocator (the
+    fake checks that workspace and tensors are live allocations of the device)."""
+    inputs = npu_inputs(make_inputs(Case(B=3)))
+    fake.fake_acl_set_capture_status(1)
+    d2h0, syncs0 = torch.ops.fake_npu.stats()[3:5]
+    call(OP, inputs)
+    assert torch.ops.fake_npu.stats()[3:5] == [d2h0, syncs0]
+    assert fake.count("Launch") == 1
+
+    env.setenv("CUSTOM_OPS_NPU_CHECK_INDICES", "1")  # its slot check copies to the host...
+    with pytest.raises(RuntimeError, match="not allowed while the stream is being captured"):
+        call(OP, inputs)
+    assert fake.count("Launch") == 1
+    fake.fake_acl_set_capture_status(0)  # ...which is fine outside a capture
+    call(OP, inputs)
+    assert fake.count("Launch") == 2
+    assert torch.ops.fake_npu.stats()[3] > d2h0  # the counter does see host copies
 
 
 # ---- library search order --------------------------------------------------------------------

@@ -1,7 +1,9 @@
 // NPU (PrivateUse1) implementation of custom::npu_fused_gdn_decode: the shared input check, then
 // CANN's two-phase aclnnFusedGdnDecode, bound at run time (vendor_loader.cpp).
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -41,6 +43,9 @@ const char* status_meaning(aclnnStatus s) {
       return "ACLNN_ERR_PARAM_NULLPTR: a required argument is a null pointer";
     case ACLNN_ERR_PARAM_INVALID:
       return "ACLNN_ERR_PARAM_INVALID: an argument is invalid (shape, dtype or attribute)";
+    case ACLNN_ERR_INNER_NULLPTR:
+      return "ACLNN_ERR_INNER_NULLPTR: an inner step failed; for FusedGdnDecode usually the tiling, "
+             "when the K/V tiles do not fit the on-chip buffer (docs/npu.md, K range)";
     default:
       return "see the CANN aclnn return-code list";
   }
@@ -112,6 +117,47 @@ class PendingExecutor {
   const VendorApi& api_;
 };
 
+const char* format_name(int64_t f) {
+  switch (f) {
+    case ACL_FORMAT_NCHW:
+      return "NCHW";
+    case ACL_FORMAT_NHWC:
+      return "NHWC";
+    case ACL_FORMAT_ND:
+      return "ND";
+    case ACL_FORMAT_NC1HWC0:
+      return "NC1HWC0";
+    case ACL_FORMAT_FRACTAL_Z:
+      return "FRACTAL_Z";
+    case ACL_FORMAT_NDHWC:
+      return "NDHWC";
+    case ACL_FORMAT_FRACTAL_NZ:
+      return "FRACTAL_NZ";
+    case ACL_FORMAT_NCDHW:
+      return "NCDHW";
+    case ACL_FORMAT_NDC1HWC0:
+      return "NDC1HWC0";
+    default:
+      return "a private format";
+  }
+}
+
+// The kernel reads each tensor as plain row-major storage of its view (the binding describes it
+// as ND). torch_npu may keep an NPU tensor in another storage format (npu_format_cast, e.g.
+// FRACTAL_NZ): its bytes are then laid out differently and the results would be silently wrong.
+// ND, NCHW and NCDHW are the formats whose storage is the tensor's own row-major layout.
+void check_storage_format(const at::Tensor& t, const char* name) {
+  const std::optional<int64_t> f = torch_npu_storage_format(t);
+  if (!f) {
+    return;  // not torch_npu: no private formats
+  }
+  TORCH_CHECK_VALUE(
+      *f == ACL_FORMAT_ND || *f == ACL_FORMAT_NCHW || *f == ACL_FORMAT_NCDHW, kOp, name,
+      " must be stored in a plain NPU format (ND, NCHW or NCDHW: row-major storage of its sizes), "
+      "but torch_npu stores it as ", format_name(*f), " (aclFormat ", *f, "); convert it with "
+      "torch_npu.npu_format_cast(", name, ", 2) (ND) before the call");
+}
+
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && (std::string(v) == "1" || std::string(v) == "true");
@@ -133,15 +179,25 @@ at::Tensor npu_fused_gdn_decode_npu(
   RECORD_FUNCTION("custom_ops::npu_fused_gdn_decode_npu", c10::ArrayRef<const c10::IValue>{});
   const GdnDims d = check_fused_gdn_decode_inputs(
       mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale, softplus_threshold);
-  // The vendor kernel does not check slots (SPEC.md); this debug switch does, at the cost of a
-  // device-to-host copy.
-  if (env_flag("CUSTOM_OPS_NPU_CHECK_INDICES")) {
-    check_slot_indices(ssm_state_indices.cpu(), d.block_num.expect_int());
+  const std::pair<const at::Tensor*, const char*> tensors_in[] = {
+      {&mixed_qkv, "mixed_qkv"}, {&a, "a"}, {&b, "b"}, {&a_log, "a_log"}, {&dt_bias, "dt_bias"},
+      {&state_ref, "state_ref"}, {&ssm_state_indices, "ssm_state_indices"}};
+  for (const auto& [t, name] : tensors_in) {
+    check_storage_format(*t, name);
   }
   const auto api_ref = vendor_api();  // throws, naming what was searched, before any allocation
   const VendorApi& api = *api_ref;
   const c10::DeviceGuard device_guard(mixed_qkv.device());
   const aclrtStream stream = current_acl_stream(mixed_qkv.device());
+  // The vendor kernel does not check slots (SPEC.md); this debug switch does, at the cost of a
+  // device-to-host copy, which a stream being captured into an ACL graph cannot make.
+  if (env_flag("CUSTOM_OPS_NPU_CHECK_INDICES")) {
+    TORCH_CHECK(!stream_is_capturing(api, stream), kOp, "CUSTOM_OPS_NPU_CHECK_INDICES=1 copies "
+                "ssm_state_indices to the host, which is not allowed while the stream is being "
+                "captured into an ACL graph (torch.compile mode=\"reduce-overhead\", NPUGraph); "
+                "unset it for captured runs");
+    check_slot_indices(ssm_state_indices.cpu(), d.block_num.expect_int());
+  }
 
   at::Tensor out = at::empty(
       {d.batch.expect_int(), 1, d.num_v_heads.expect_int(), d.head_v.expect_int()},
@@ -200,4 +256,5 @@ TORCH_LIBRARY_IMPL(custom, PrivateUse1, m) {
 TORCH_LIBRARY(custom_ops_npu, m) {
   m.def("vendor_info() -> str", &custom_ops::npu::describe_vendor);
   m.def("reset_vendor() -> ()", &custom_ops::npu::reset_vendor_api);
+  m.def("torch_npu_symbols() -> str[]", &custom_ops::npu::torch_npu_symbols);
 }

@@ -1,13 +1,17 @@
 // dlopen/dlsym binding to CANN and torch_npu (see vendor_loader.h).
 #include "npu/vendor_loader.h"
 
+#include "npu/torch_npu_abi.h"
+
 #include <dlfcn.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -214,6 +218,13 @@ std::shared_ptr<const VendorApi> load() {
       api->recent_error = symbol<aclGetRecentErrMsgFn>(h, "aclGetRecentErrMsg");
     }
   }
+  // Capture status, from the op library's dependencies or the libascendcl.so torch_npu loaded.
+  api->capture_info = symbol<aclmdlRICaptureGetInfoFn>(op_handle, "aclmdlRICaptureGetInfo");
+  if (api->capture_info == nullptr) {
+    if (void* h = dlopen("libascendcl.so", RTLD_LAZY | RTLD_NOLOAD)) {
+      api->capture_info = symbol<aclmdlRICaptureGetInfoFn>(h, "aclmdlRICaptureGetInfo");
+    }
+  }
   dlerror();  // clear any pending error left by the optional lookups
   return api;
 }
@@ -230,27 +241,12 @@ std::shared_ptr<const VendorApi> load() {
 //  2. The PrivateUse1 guard's getStreamNativeHandle, for backends that implement it.
 // CUSTOM_OPS_TORCH_NPU_LIB overrides the library name/path looked up in 1 (tests use it).
 
-// Mirrors c10_npu::NPUStream (torch_npu NPUStream.h): its only data member is a c10::Stream and it
-// has a user-provided destructor (`~NPUStream() {}`), which makes it non-trivial for calls, so the
-// Itanium C++ ABI returns it through a hidden result pointer (x86-64: rdi; aarch64: x8) rather
-// than in registers. The empty destructor here gives NpuStreamAbi the same convention. A const
-// member function takes `this` as its first argument.
-struct NpuStreamAbi {
-  c10::Stream stream;
-  ~NpuStreamAbi() {}  // NOLINT: must stay user-provided, see above
-};
-static_assert(sizeof(NpuStreamAbi) == sizeof(c10::Stream), "NPUStream layout");
-// The mangled names assume c10::DeviceIndex is int8_t ('a'), as in the torch this builds against.
-static_assert(sizeof(c10::DeviceIndex) == 1, "update the mangled name of getCurrentNPUStream");
-constexpr const char* kGetCurrentNpuStream = "_ZN7c10_npu19getCurrentNPUStreamEa";
-constexpr const char* kNpuStreamStream = "_ZNK7c10_npu9NPUStream6streamEb";
-using GetCurrentNpuStreamFn = NpuStreamAbi (*)(c10::DeviceIndex);
-using NpuStreamStreamFn = void* (*)(const NpuStreamAbi*, bool);
-
 struct StreamProvider {
   GetCurrentNpuStreamFn get_current = nullptr;
   NpuStreamStreamFn stream = nullptr;
+  GetNpuFormatFn get_format = nullptr;  // torch_npu's storage-format query; absent elsewhere
   std::string where;  // description for describe_vendor()
+  std::string format_where;
 };
 
 std::shared_ptr<const StreamProvider> find_stream_provider() {
@@ -267,15 +263,19 @@ std::shared_ptr<const StreamProvider> find_stream_provider() {
     auto get = symbol<GetCurrentNpuStreamFn>(h, kGetCurrentNpuStream);
     auto str = symbol<NpuStreamStreamFn>(h, kNpuStreamStream);
     if (get != nullptr && str != nullptr) {
+      const std::string from = h == RTLD_DEFAULT ? std::string("the global symbol scope") : lib;
       p->get_current = get;
       p->stream = str;
-      p->where = "c10_npu::getCurrentNPUStream(...).stream(true) from " +
-                 (h == RTLD_DEFAULT ? std::string("the global symbol scope") : lib);
+      p->where = "c10_npu::getCurrentNPUStream(...).stream(true) from " + from;
+      p->get_format = symbol<GetNpuFormatFn>(h, kGetNpuFormat);
+      p->format_where = p->get_format ? "at_npu::native::get_npu_format from " + from
+                                      : "not checked (" + from + " has no get_npu_format)";
       dlerror();
       return p;
     }
   }
   dlerror();
+  p->format_where = "not checked (torch_npu's get_npu_format is not loaded)";
   p->where = "the PrivateUse1 device guard's getStreamNativeHandle (" + lib +
              " with c10_npu::getCurrentNPUStream is not loaded)";
   return p;
@@ -323,18 +323,53 @@ aclrtStream current_acl_stream(const c10::Device& device) {
   const auto provider = stream_provider();
   if (provider->get_current != nullptr) {
     const NpuStreamAbi s = provider->get_current(device.index());
-    return provider->stream(&s, /*need_empty=*/true);
+    aclrtStream stream = provider->stream(&s, /*need_empty=*/true);
+    // torch_npu returns null when flushing its task queue failed; launching on a null stream
+    // would run on ACL's default stream, unordered with the caller's work.
+    TORCH_CHECK(stream != nullptr, kOp, "c10_npu::NPUStream::stream(need_empty=true) returned a "
+                "null aclrtStream for stream ", s.stream.id(), " on ", device,
+                " (torch_npu could not flush its task queue; its own error is logged above); "
+                "nothing was launched");
+    return stream;
   }
   const c10::impl::VirtualGuardImpl guard(device.type());
   const c10::Stream s = guard.getStream(device);
+  void* stream = nullptr;
   try {
-    return guard.getStreamNativeHandle(s);
+    stream = guard.getStreamNativeHandle(s);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, kOp, "cannot get the aclrtStream of the current stream of ", device,
                 ": torch_npu's c10_npu::getCurrentNPUStream was not found (is torch_npu imported?) "
                 "and the ", device.type(), " backend does not give native stream handles (",
                 e.msg(), ")");
   }
+  TORCH_CHECK(stream != nullptr, kOp, "the ", device.type(), " device guard's "
+              "getStreamNativeHandle returned a null stream for ", s, "; nothing was launched");
+  return stream;
+}
+
+std::optional<int64_t> torch_npu_storage_format(const at::Tensor& t) {
+  const auto provider = stream_provider();
+  if (provider->get_format == nullptr) {
+    return std::nullopt;
+  }
+  return provider->get_format(t);
+}
+
+bool stream_is_capturing(const VendorApi& api, aclrtStream stream) {
+  if (api.capture_info == nullptr) {
+    return false;
+  }
+  aclmdlRICaptureStatus status = ACL_MODEL_RI_CAPTURE_STATUS_NONE;
+  aclmdlRI model = nullptr;
+  if (api.capture_info(stream, &status, &model) != 0) {
+    return false;  // a stream ACL cannot describe is not being captured
+  }
+  return status != ACL_MODEL_RI_CAPTURE_STATUS_NONE;
+}
+
+std::vector<std::string> torch_npu_symbols() {
+  return {std::begin(kTorchNpuSymbols), std::end(kTorchNpuSymbols)};
 }
 
 std::string describe_vendor() {
@@ -348,6 +383,7 @@ std::string describe_vendor() {
     out << "error: " << e.msg() << "\n";
   }
   out << "stream: " << stream_provider()->where << "\n";
+  out << "storage format: " << stream_provider()->format_where << "\n";
   return out.str();
 }
 

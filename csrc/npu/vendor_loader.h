@@ -4,10 +4,17 @@
 // extension builds and imports on hosts without CANN or torch_npu.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <c10/core/Device.h>
+
+namespace at {
+class Tensor;
+}
 
 #include "npu/acl_api.h"
 
@@ -24,6 +31,7 @@ struct VendorApi {
   aclGetRecentErrMsgFn recent_error = nullptr;
   aclSetAclOpExecutorRepeatableFn set_executor_repeatable = nullptr;
   aclDestroyAclOpExecutorFn destroy_executor = nullptr;
+  aclmdlRICaptureGetInfoFn capture_info = nullptr;
 };
 
 // The vendor API, searched for at first use (SPEC.md order): each ASCEND_CUSTOM_OPP_PATH entry's
@@ -41,6 +49,16 @@ std::string recent_vendor_error(const VendorApi& api);
 
 // The aclrtStream of the current stream of `device` (a PrivateUse1 device), see vendor_loader.cpp.
 aclrtStream current_acl_stream(const c10::Device& device);
+
+// The storage format (aclFormat) torch_npu records for `t`, from its exported
+// at_npu::native::get_npu_format; nullopt where torch_npu is not loaded (no private formats).
+std::optional<int64_t> torch_npu_storage_format(const at::Tensor& t);
+
+// Whether `stream` is being captured into an ACL graph (false when ACL cannot say).
+bool stream_is_capturing(const VendorApi& api, aclrtStream stream);
+
+// The mangled names looked up in libtorch_npu.so (for the ABI test).
+std::vector<std::string> torch_npu_symbols();
 
 // One line per resolved piece (libraries, stream provider), or the search error. For
 // torch.ops.custom_ops_npu.vendor_info() and the README's verification step.

@@ -8,6 +8,8 @@ no-op.
 
 import logging
 
+from .reinplace import reinplace_pass
+
 log = logging.getLogger(__name__)
 
 _registered = False
@@ -36,4 +38,4 @@ def register() -> bool:
     return True
 
 
-__all__ = ["register"]
+__all__ = ["register", "reinplace_pass"]

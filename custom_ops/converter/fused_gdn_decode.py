@@ -31,17 +31,19 @@ nor ``Assign(state, state_out)`` is correct.
 The converter therefore copies the updated rows back itself and ends with ``ScatterUpdate``, whose
 input and output are both named ``var`` (the pair torchair looks for)::
 
-    slots = max(ssm_state_indices, 0)            # invalid rows address the null slot 0
-    rows  = SelectV2(ssm_state_indices > 0,      # as (B, 1, 1, 1)
-                     GatherV2(state_out, slots), GatherV2(state, slots))
-    state = ScatterUpdate(state, slots, rows)    # invalid rows rewrite slot 0 with its own value
+    slots    = max(ssm_state_indices, 0)           # invalid rows address the null slot 0
+    null_row = GatherV2(state, [0])                # what those rows write there: its own value
+    rows     = SelectV2(ssm_state_indices > 0,     # as (B, 1, 1, 1)
+                        GatherV2(state_out, slots), null_row)
+    state    = ScatterUpdate(state, slots, rows)
 
 ``ScatterUpdate`` depends on ``state_out`` through the gather, so it runs after the kernel has read
-``state``. It is used rather than ``ScatterNdUpdate``/``Scatter`` because those two are on the
-hard-coded list of torchair's ``optimize_reference_op_redundant_copy`` pass, which would rewire only
-the scatter's input to the graph input and delete the ``TensorMove`` that the kernel and the gather
-also read. The extra work is a few B*Hv*V*K-element copies, small next to the pool-sized copy that
-torchair's ``TensorMove`` already makes.
+``state``; it is marked ``dont_prune_me`` because with ``reinplace_pass`` (reinplace.py) ``state``
+is the graph input itself and nothing reads the update. It is used rather than
+``ScatterNdUpdate``/``Scatter`` because those two are on the hard-coded list of torchair's
+``optimize_reference_op_redundant_copy`` pass, which would rewire only the scatter's input to the
+graph input and delete the ``TensorMove`` that the kernel and the gathers also read. Without
+``reinplace_pass`` that ``TensorMove`` copies the whole pool on every call (docs/graph_mode.md).
 """
 
 import numbers
@@ -92,8 +94,9 @@ def convert_npu_fused_gdn_decode(
     meta_outputs=None,
 ):
     """Emits FusedGdnDecode plus the row write-back (module docstring); returns ``out``.
-    Parameter names are the schema's: torchair's auto_functionalized_v2 path calls by keyword and
-    passes no ``meta_outputs``."""
+    Parameter names are the schema's: torchair's auto_functionalized_v2 path calls by keyword
+    without ``meta_outputs``; the in-place call left by ``reinplace_pass`` comes positionally,
+    with them."""
     from torchair._ge_concrete_graph import ge_apis as ge
     from torchair.ge import attr, custom_op
 
@@ -119,6 +122,8 @@ def convert_npu_fused_gdn_decode(
 
 def _scatter_rows_back(ge, state, state_out, indices):
     """Copies rows of valid slots from state_out into state; must stay the last op emitted."""
+    from torchair.ge._ge_graph import dont_prune_me
+
     zero = ge.Const(0, dtype=ge.DataType.DT_INT32)
     axis = ge.Const(0, dtype=ge.DataType.DT_INT32)
     slots = ge.Maximum(indices, zero)
@@ -126,8 +131,12 @@ def _scatter_rows_back(ge, state, state_out, indices):
     row_shape = ge.Const([-1, 1, 1, 1], dtype=ge.DataType.DT_INT32)
     valid = ge.Reshape(ge.Greater(indices, zero), row_shape)
     new_rows = ge.GatherV2(state_out, slots, axis)
-    old_rows = ge.GatherV2(state, slots, axis)
-    return ge.ScatterUpdate(state, slots, ge.SelectV2(valid, new_rows, old_rows))
+    # Invalid rows all address the null slot 0; they rewrite it with its own value (one row read).
+    null_row = ge.GatherV2(state, ge.Const([0], dtype=ge.DataType.DT_INT32), axis)
+    update = ge.ScatterUpdate(state, slots, ge.SelectV2(valid, new_rows, null_row))
+    # When `state` is the graph input itself (reinplace_pass), nothing consumes the update.
+    dont_prune_me(update)
+    return update
 
 
 def register(torchair):

@@ -52,6 +52,7 @@ std::string g_error;       // for aclGetRecentErrMsg
 uintptr_t g_last_stream = 0;
 uint64_t g_workspace_size = 256;
 int g_fail_phase = 0, g_fail_status = 0;
+int g_capture_status = 0;  // what aclmdlRICaptureGetInfo reports (1: the stream is being captured)
 std::string g_fail_msg;
 using LiveFn = int (*)(const void*, uint64_t);
 LiveFn g_live = nullptr;  // optional: asks the test device whether [p, p+n) is allocated
@@ -287,6 +288,16 @@ EXPORT const char* aclGetRecentErrMsg() {
   return g_error.empty() ? nullptr : g_error.c_str();
 }
 
+// As libascendcl's: whether `stream` is being captured into an ACL graph.
+EXPORT int aclmdlRICaptureGetInfo(void* stream, int* status, void** model) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_count["aclmdlRICaptureGetInfo"]++;
+  if (stream == nullptr || status == nullptr) return kInvalid;
+  *status = g_capture_status;
+  if (model != nullptr) *model = nullptr;
+  return kOk;
+}
+
 // ---- the op's two phases ---------------------------------------------------------------------
 
 #ifndef FAKE_WITHOUT_OP
@@ -411,6 +422,7 @@ EXPORT void fake_acl_reset() {
   g_workspace_size = 256;
   g_fail_phase = g_fail_status = 0;
   g_fail_msg.clear();
+  g_capture_status = 0;
 }
 
 EXPORT int64_t fake_acl_counter(const char* name) {
@@ -447,4 +459,9 @@ EXPORT void fake_acl_fail(int phase, int status, const char* msg) {
 EXPORT void fake_acl_set_live_checker(void* fn) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_live = reinterpret_cast<LiveFn>(fn);
+}
+
+EXPORT void fake_acl_set_capture_status(int status) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_capture_status = status;
 }

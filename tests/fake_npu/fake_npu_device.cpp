@@ -35,6 +35,9 @@ constexpr size_t kMaxAlloc = size_t{1} << 36;      // larger requests fail as ou
 std::mutex g_mu;
 std::map<uintptr_t, size_t> g_live;  // base -> bytes
 int64_t g_shim_stream_calls = 0, g_shim_flushes = 0;
+int64_t g_device_to_host = 0, g_syncs = 0;  // copies to the CPU, stream/device synchronizations
+bool g_null_stream = false;                 // NPUStream::stream returns null (failed flush)
+std::map<const void*, int64_t> g_formats;   // storage base -> aclFormat, as npu_format_cast sets
 thread_local c10::StreamId t_stream = 0;
 
 void host_free(void* p) {
@@ -95,6 +98,14 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
   void* getStreamNativeHandle(const c10::Stream s) const override {
     return reinterpret_cast<void*>(kGuardHandleBase + s.id());
   }
+  void synchronizeStream(const c10::Stream&) const override {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_syncs++;
+  }
+  void synchronizeDevice(const c10::DeviceIndex) const override {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_syncs++;
+  }
 };
 
 // CPU tensor aliasing a fake-npu (host) tensor, same sizes/strides/offset.
@@ -122,6 +133,10 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
+  if (!self.is_cpu() && dst.is_cpu()) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_device_to_host++;
+  }
   host_alias(dst).copy_(host_alias(self));
   return dst;
 }
@@ -181,9 +196,21 @@ __attribute__((visibility("default"))) void* NPUStream::stream(const bool need_e
   std::lock_guard<std::mutex> lock(fake_npu::g_mu);
   fake_npu::g_shim_stream_calls++;
   fake_npu::g_shim_flushes += need_empty ? 1 : 0;  // torch_npu flushes its task queue here
+  if (fake_npu::g_null_stream) {
+    return nullptr;  // as torch_npu when the flush fails
+  }
   return reinterpret_cast<void*>(fake_npu::kShimHandleBase + stream_.id());
 }
 } // namespace c10_npu
+
+// Stand-in for torch_npu's exported storage-format query (NPUFormat.h), same signature.
+namespace at_npu::native {
+__attribute__((visibility("default"))) int64_t get_npu_format(const at::Tensor& self) {
+  std::lock_guard<std::mutex> lock(fake_npu::g_mu);
+  const auto it = fake_npu::g_formats.find(self.storage().data());
+  return it == fake_npu::g_formats.end() ? 2 : it->second;  // ACL_FORMAT_ND, torch_npu's default
+}
+} // namespace at_npu::native
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, fake_npu::Guard);
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &fake_npu::g_allocator);
@@ -221,7 +248,25 @@ int64_t set_stream(int64_t id) {
 std::vector<int64_t> stats() {
   std::lock_guard<std::mutex> lock(fake_npu::g_mu);
   return {fake_npu::g_shim_stream_calls, fake_npu::g_shim_flushes,
-          static_cast<int64_t>(fake_npu::g_live.size())};
+          static_cast<int64_t>(fake_npu::g_live.size()), fake_npu::g_device_to_host,
+          fake_npu::g_syncs};
+}
+
+void set_format(const at::Tensor& t, int64_t format) {
+  std::lock_guard<std::mutex> lock(fake_npu::g_mu);
+  fake_npu::g_formats[t.storage().data()] = format;
+}
+
+void clear_formats() {
+  std::lock_guard<std::mutex> lock(fake_npu::g_mu);
+  fake_npu::g_formats.clear();
+}
+
+bool set_null_stream(bool on) {
+  std::lock_guard<std::mutex> lock(fake_npu::g_mu);
+  const bool old = fake_npu::g_null_stream;
+  fake_npu::g_null_stream = on;
+  return old;
 }
 
 int64_t live_checker() {
@@ -230,9 +275,14 @@ int64_t live_checker() {
 } // namespace
 
 // Test controls: the current stream id of this thread, counters [shim stream() calls, of which
-// with need_empty, live allocations], and the address of fake_npu_is_live.
+// with need_empty, live allocations, device-to-host copies, synchronizations], the address of
+// fake_npu_is_live, the storage format get_npu_format reports for a tensor's storage, and whether
+// NPUStream::stream fails.
 TORCH_LIBRARY(fake_npu, m) {
   m.def("set_stream(int id) -> int", &set_stream);
+  m.def("set_format(Tensor t, int format) -> ()", &set_format);
+  m.def("clear_formats() -> ()", &clear_formats);
+  m.def("set_null_stream(bool on) -> bool", &set_null_stream);
   m.def("stats() -> int[]", &stats);
   m.def("live_checker() -> int", &live_checker);
   m.def("handle_bases() -> int[]", []() -> std::vector<int64_t> {
