@@ -1,0 +1,348 @@
+"""Hugging Face ``transformers``: decode the Gated DeltaNet layers through the fused op.
+
+``patch_gdn_decode(model)`` makes every Gated DeltaNet (GDN) layer of a loaded Qwen3-Next, Qwen3.5
+or Qwen3.5-MoE model run its decode steps (one new token, recurrent state present) through
+``torch.ops.custom.npu_fused_gdn_decode`` on whatever device the model is on. Prefill, multi-token
+steps and anything with autograd stay transformers' own code.
+
+The state. transformers keeps each layer's recurrent state as ``[B, Hv, K, V]`` in
+``cache.layers[i].recurrent_states[0]``. At the end of prefill it is copied once into a slot pool in
+the op's layout, ``[B + 1, Hv, V, K]`` (slot 0 the null slot, row ``i`` in slot ``i + 1``), and the
+cache entry is replaced by the transposed view ``pool[1:].transpose(-1, -2)``: the same memory,
+still ``[B, Hv, K, V]`` to transformers. So the op updates the pool in place with no per-step
+conversion, and transformers' own code (chunked prefill, ``reset``, assisted decoding, continuing
+after ``unpatch``) keeps reading and writing the right numbers through the view. Code that replaces
+the cache tensor (``reorder_cache`` in beam search, ``offload``) leaves a plain tensor behind; the
+next decode step adopts it into a new pool (one copy, as transformers' own reorder makes one).
+
+Only the transformers versions in ``TESTED_TRANSFORMERS`` are accepted: the decode step rewrites
+the layer's forward for one token, so a release that changes that forward must be tested first.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import weakref
+from collections.abc import Callable
+
+import torch
+import transformers
+from packaging.version import Version
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "TESTED_TRANSFORMERS",
+    "GdnDecodePatch",
+    "patch_gdn_decode",
+    "state_pool",
+    "unpatch_gdn_decode",
+]
+
+# [lowest, first untested) release of transformers; the tests run on each release in between.
+TESTED_TRANSFORMERS = ("5.22.2", "5.25")
+
+# The op's contract takes 16-bit activations (its state may be fp32).
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+
+# The GDN layer classes by module; each module also provides the helpers its forward calls.
+_LAYER_CLASSES = {
+    "transformers.models.qwen3_next.modeling_qwen3_next": "Qwen3NextGatedDeltaNet",
+    "transformers.models.qwen3_5.modeling_qwen3_5": "Qwen3_5GatedDeltaNet",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe": "Qwen3_5MoeGatedDeltaNet",
+}
+
+_PATCHED = weakref.WeakKeyDictionary()  # GDN layer -> its _LayerPatch
+_POOLS = weakref.WeakKeyDictionary()  # transformers cache layer -> its _Pool
+
+
+class _Pool:
+    """A cache layer's state in the op's layout, and the view transformers sees."""
+
+    __slots__ = ("indices", "pool", "view")
+
+    def __init__(self, pool, view, indices):
+        self.pool = pool  # [B + 1, Hv, V, K], slot 0 the null slot
+        self.view = view  # pool[1:].transpose(-1, -2): [B, Hv, K, V]
+        self.indices = indices  # int32 1..B: batch row i uses slot i + 1
+
+
+class _LayerPatch:
+    __slots__ = ("apply_mask", "cache_kw", "conv_update", "decode", "kernel", "original", "qkvz")
+
+
+def _version_check():
+    lo, hi = TESTED_TRANSFORMERS
+    have = Version(transformers.__version__)
+    # Compare release numbers so that 5.25.0.dev0 (a source install) counts as 5.25.
+    if not (Version(lo).release <= have.release < Version(hi).release):
+        raise RuntimeError(
+            f"custom_ops.integrations.transformers: transformers {transformers.__version__} is "
+            f"outside the tested range >={lo},<{hi}; its Gated DeltaNet decode path may differ "
+            f"from the one this integration reproduces. Install a tested release, e.g. "
+            f"pip install 'transformers>={lo},<{hi}'."
+        )
+
+
+def _gdn_classes():
+    classes = []
+    for module_name, class_name in _LAYER_CLASSES.items():
+        try:
+            module = __import__(module_name, fromlist=[class_name])
+        except ImportError:
+            continue
+        cls = getattr(module, class_name, None)
+        if cls is not None:
+            classes.append(cls)
+    return tuple(classes)
+
+
+def _adopt_state(layer_cache) -> _Pool:
+    """The layer's pool; converts transformers' state into a new one unless it is already ours."""
+    state = layer_cache.recurrent_states[0]
+    entry = _POOLS.get(layer_cache)
+    if entry is not None and entry.view is state:
+        return entry
+    B, Hv, K, V = state.shape
+    # A view made under no_grad may not be written in place later with grad on, as transformers'
+    # own code does in a differentiable forward; make it as if grad were on.
+    with torch.enable_grad():
+        pool = torch.empty(B + 1, Hv, V, K, dtype=state.dtype, device=state.device)
+        view = pool[1:].transpose(-1, -2)
+    with torch.no_grad():
+        pool[0].zero_()
+        view.copy_(state)
+    layer_cache.recurrent_states[0] = view
+    indices = torch.arange(1, B + 1, dtype=torch.int32, device=state.device)
+    entry = _Pool(pool, view, indices)
+    _POOLS[layer_cache] = entry
+    return entry
+
+
+def state_pool(cache, layer_idx: int) -> torch.Tensor | None:
+    """The slot pool ``[B + 1, Hv, V, K]`` holding layer ``layer_idx``'s recurrent state in
+    ``cache`` (batch row ``i`` in slot ``i + 1``, slot 0 the null slot), or None when that state is
+    not (or no longer) held in a pool."""
+    layer_cache = cache.layers[layer_idx]
+    entry = _POOLS.get(layer_cache)
+    states = getattr(layer_cache, "recurrent_states", None)
+    if entry is None or not states or entry.view is not states[0]:
+        return None
+    return entry.pool
+
+
+def _is_decode_step(layer, hidden_states, cache) -> bool:
+    # The same conditions under which transformers takes its single-token recurrent path.
+    if cache is None or hidden_states.shape[1] != 1:
+        return False
+    idx = layer.layer_idx
+    if cache.get_conv_state(idx, state_idx=0) is None:
+        return False
+    if cache.get_recurrent_state(idx, state_idx=0) is None or cache.is_recording_past(idx):
+        return False
+    # The op has no backward: leave differentiable calls to transformers.
+    return not torch.is_grad_enabled() or not (
+        hidden_states.requires_grad or any(p.requires_grad for p in layer.parameters())
+    )
+
+
+def _dtype_error(where: str, dtype) -> TypeError:
+    return TypeError(
+        f"{where}: activations are {dtype}; torch.ops.custom.npu_fused_gdn_decode takes "
+        f"torch.bfloat16 or torch.float16 activations. Load the model with "
+        f"dtype=torch.bfloat16 (or torch.float16), or call model.to(torch.bfloat16) first."
+    )
+
+
+def _decode(layer, patch, hidden_states, cache, attention_mask):
+    """One token through the layer, with the op in place of transformers' recurrent step."""
+    if hidden_states.dtype not in SUPPORTED_DTYPES:
+        raise _dtype_error(f"Gated DeltaNet layer {layer.layer_idx}", hidden_states.dtype)
+    hidden_states = patch.apply_mask(hidden_states, attention_mask)
+    B = hidden_states.shape[0]
+    if patch.qkvz:  # Qwen3-Next: q, k, v, z grouped per key head in one projection
+        query, key, value, z, b, a = layer.fix_query_key_value_ordering(
+            layer.in_proj_qkvz(hidden_states), layer.in_proj_ba(hidden_states)
+        )
+        mixed_qkv = torch.cat([x.reshape(B, 1, -1) for x in (query, key, value)], dim=-1)
+    else:  # Qwen3.5: one projection per tensor
+        mixed_qkv = layer.in_proj_qkv(hidden_states)
+        z = layer.in_proj_z(hidden_states)
+        b = layer.in_proj_b(hidden_states)
+        a = layer.in_proj_a(hidden_states)
+    # transformers' conv step (updates its conv state in place); its output is the op's mixed_qkv:
+    # q of H heads, k of H heads, v of Hv heads, value head j reading key head j // (Hv / H).
+    mixed_qkv = patch.conv_update(
+        mixed_qkv.transpose(1, 2),
+        cache.get_conv_state(layer.layer_idx, state_idx=0),
+        layer.conv1d.weight.squeeze(1),
+        layer.conv1d.bias,
+        layer.activation,
+    )
+    entry = _adopt_state(cache.layers[layer.layer_idx])
+    out = patch.kernel(
+        mixed_qkv[:, :, 0],
+        a.reshape(B, layer.num_v_heads),
+        b.reshape(B, layer.num_v_heads),
+        layer.A_log.float(),
+        layer.dt_bias,
+        entry.pool,
+        entry.indices,
+        layer.head_k_dim**-0.5,
+    )  # [B, 1, Hv, V]
+    out = layer.norm(out.reshape(-1, layer.head_v_dim), z.reshape(-1, layer.head_v_dim))
+    return layer.out_proj(out.reshape(B, 1, -1))
+
+
+def _make_forward(layer, patch):
+    # Decoder layers pass the cache as `cache=` (transformers >= 5.24) or `cache_params=`.
+    def forward(hidden_states, cache=None, attention_mask=None, cache_params=None, **kwargs):
+        if cache is None:
+            cache = cache_params
+        if _is_decode_step(layer, hidden_states, cache):
+            return patch.decode(layer, patch, hidden_states, cache, attention_mask)
+        out = patch.original(
+            layer, hidden_states, attention_mask=attention_mask, **{patch.cache_kw: cache}, **kwargs
+        )
+        # End of prefill (or any cached step transformers ran): hold the state in the op's layout.
+        if (
+            cache is not None
+            and cache.get_recurrent_state(layer.layer_idx, state_idx=0) is not None
+        ):
+            _adopt_state(cache.layers[layer.layer_idx])
+        return out
+
+    return forward
+
+
+def _check_layer(name, layer):
+    """Refuse at patch time what the op would refuse inside the layer."""
+    qkvz = hasattr(layer, "in_proj_qkvz")
+    proj = layer.in_proj_qkvz if qkvz else layer.in_proj_qkv
+    dtype = proj.weight.dtype
+    if dtype not in SUPPORTED_DTYPES:
+        raise _dtype_error(f"patch_gdn_decode: Gated DeltaNet layer {name!r}", dtype)
+    if layer.dt_bias.dtype != dtype:
+        raise TypeError(
+            f"patch_gdn_decode: layer {name!r}: dt_bias is {layer.dt_bias.dtype}, the activations "
+            f"{dtype}; the op takes dt_bias in the activation dtype."
+        )
+    # Shapes, through the op's own check (its Meta kernel reads no data). transformers keeps the
+    # recurrent state in float32.
+    Hv, K, V = layer.num_v_heads, layer.head_k_dim, layer.head_v_dim
+    meta = {"device": "meta"}
+    try:
+        torch.ops.custom.npu_fused_gdn_decode(
+            torch.empty(1, layer.conv_dim, dtype=dtype, **meta),
+            torch.empty(1, Hv, dtype=dtype, **meta),
+            torch.empty(1, Hv, dtype=dtype, **meta),
+            torch.empty(Hv, dtype=torch.float32, **meta),
+            torch.empty(Hv, dtype=dtype, **meta),
+            torch.empty(2, Hv, V, K, dtype=torch.float32, **meta),
+            torch.empty(1, dtype=torch.int32, **meta),
+            K**-0.5,
+        )
+    except (TypeError, ValueError) as e:
+        raise type(e)(
+            f"patch_gdn_decode: layer {name!r} (H={layer.num_k_heads}, Hv={Hv}, K={K}, V={V}) is "
+            f"outside the op's contract: {e}"
+        ) from e
+    return qkvz
+
+
+class GdnDecodePatch:
+    """The layers one ``patch_gdn_decode`` call patched; ``unpatch()`` (or leaving the ``with``
+    block) restores their own forward."""
+
+    def __init__(self, layers: list[tuple[str, torch.nn.Module]]):
+        self.layers = layers
+
+    def unpatch(self) -> None:
+        for _, layer in self.layers:
+            _restore(layer)
+        self.layers = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.unpatch()
+        return False
+
+    def __repr__(self):
+        return f"GdnDecodePatch({len(self.layers)} Gated DeltaNet layers)"
+
+
+def _restore(layer):
+    if _PATCHED.pop(layer, None) is not None:
+        layer.__dict__.pop("forward", None)
+
+
+def patch_gdn_decode(model: torch.nn.Module, *, kernel: Callable | None = None) -> GdnDecodePatch:
+    """Run the decode steps of ``model``'s Gated DeltaNet layers through the fused op.
+
+    Args:
+        model: a loaded transformers model (or any module) containing Qwen3-Next, Qwen3.5 or
+            Qwen3.5-MoE Gated DeltaNet layers, in bfloat16 or float16.
+        kernel: a callable with the op's signature to call instead of
+            ``torch.ops.custom.npu_fused_gdn_decode``, e.g. ``custom_ops.fused_gdn_decode_reference``
+            to check the op inside a model.
+
+    Returns:
+        A ``GdnDecodePatch``: call ``unpatch()`` or use it as a context manager to undo.
+
+    Raises:
+        RuntimeError: the installed transformers is outside ``TESTED_TRANSFORMERS``.
+        TypeError: the layers compute in a dtype other than bfloat16/float16.
+        ValueError: no Gated DeltaNet layer in ``model``, a layer already patched, or layer shapes
+            the op does not accept (e.g. a key head dim below 64).
+
+    Example:
+        >>> from custom_ops.integrations.transformers import patch_gdn_decode
+        >>> model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.bfloat16)
+        >>> with patch_gdn_decode(model):
+        ...     out = model.generate(**inputs, max_new_tokens=64)
+    """
+    _version_check()
+    classes = _gdn_classes()
+    found = [(n, m) for n, m in model.named_modules() if classes and isinstance(m, classes)]
+    if not found:
+        raise ValueError(
+            f"patch_gdn_decode: model ({type(model).__name__}) has no Gated DeltaNet layer; "
+            f"expected one of {', '.join(_LAYER_CLASSES.values())}."
+        )
+    for name, layer in found:
+        if layer in _PATCHED:
+            raise ValueError(f"patch_gdn_decode: layer {name!r} is already patched; unpatch first.")
+    checked = [(name, layer, _check_layer(name, layer)) for name, layer in found]
+
+    from transformers.integrations.accelerate import force_accelerate_hooks
+
+    decode = force_accelerate_hooks("conv1d")(_decode)
+    op = torch.ops.custom.npu_fused_gdn_decode if kernel is None else kernel
+    for name, layer, qkvz in checked:
+        helpers = sys.modules[type(layer).__module__]
+        patch = _LayerPatch()
+        # The class's forward, unbound: a patch in _PATCHED must not keep its layer alive.
+        patch.original = type(layer).forward
+        params = inspect.signature(type(layer).forward).parameters
+        patch.cache_kw = "cache" if "cache" in params else "cache_params"
+        patch.kernel = op
+        patch.decode = decode
+        patch.apply_mask = helpers.apply_mask_to_padding_states
+        patch.conv_update = helpers.causal_conv1d_update
+        patch.qkvz = qkvz
+        _PATCHED[layer] = patch
+        layer.forward = _make_forward(layer, patch)
+    return GdnDecodePatch([(name, layer) for name, layer, _ in checked])
+
+
+def unpatch_gdn_decode(model: torch.nn.Module) -> int:
+    """Restore the own forward of every patched Gated DeltaNet layer in ``model``; returns how many.
+    States already in a pool stay there: transformers reads them through the same view."""
+    n = 0
+    for _, m in model.named_modules():
+        if m in _PATCHED:
+            _restore(m)
+            n += 1
+    return n

@@ -1,0 +1,361 @@
+"""custom_ops.integrations.transformers: real transformers models decoding through the op.
+
+Tiny random-config models of each supported family, built here (no download). Key and value
+head counts differ (Hv/H = 2 and 3) so a wrong value-head -> key-head rule shows. The oracle for
+"close to transformers" is the same model (same bf16/fp16-rounded weights) run by stock
+transformers in float32: the op's error against it must stay within twice stock transformers' own
+16-bit error (the rule flash-attention's tests use), step by step, for logits and states.
+"""
+
+import copy
+import inspect
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import custom_ops
+from custom_ops.integrations import transformers as integ
+
+in_range = True
+try:
+    integ._version_check()
+except RuntimeError as e:
+    in_range, why = False, str(e)
+needs_tested = pytest.mark.skipif(not in_range, reason="transformers outside the tested range")
+
+# One bf16/fp16 rounding of the largest logit or state entry: the floor under the 2x rule, for
+# steps where stock's own error happens to be near zero.
+EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+
+VOCAB = 256
+
+# transformers 5.24 renamed the models' `past_key_values` argument to `cache`.
+CACHE_KW = (
+    "cache"
+    if "cache" in inspect.signature(transformers.Qwen3NextForCausalLM.forward).parameters
+    else "past_key_values"
+)
+
+
+def make_model(family, dtype, seed=0, key_dim=64):
+    """A tiny model: 3 layers (GDN, attention, GDN), hidden 64, K = V = key_dim. MoE blocks use
+    every expert: with top-k routing a near-tie in the router turns a last-bit difference into a
+    different expert, which would make the comparisons below test the router, not the op."""
+    common = {
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "linear_key_head_dim": key_dim,
+        "linear_value_head_dim": key_dim,
+        "linear_conv_kernel_dim": 4,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        "pad_token_id": 0,
+        "eos_token_id": None,
+        "bos_token_id": None,
+    }
+    if family == "qwen3_next":
+        cfg = transformers.Qwen3NextConfig(
+            **common,
+            intermediate_size=96,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            num_experts=2,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            decoder_sparse_step=2,
+        )
+        cls = transformers.Qwen3NextForCausalLM
+    elif family == "qwen3_5":
+        cfg = transformers.Qwen3_5TextConfig(
+            **common, intermediate_size=96, linear_num_key_heads=2, linear_num_value_heads=6
+        )
+        cls = transformers.Qwen3_5ForCausalLM
+    else:
+        cfg = transformers.Qwen3_5MoeTextConfig(
+            **common,
+            linear_num_key_heads=1,
+            linear_num_value_heads=2,
+            num_experts=2,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+        )
+        cls = transformers.Qwen3_5MoeForCausalLM
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    # Varied decay rates and a non-trivial dt_bias so the gates differ between heads.
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "A_log"):
+                m.A_log.uniform_(-2.0, 1.0)
+                m.dt_bias.normal_(0.0, 0.5)
+    model.generation_config.pad_token_id = 0
+    return model.to(dtype)
+
+
+FAMILIES = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]
+
+
+def gdn_layer_indices(model):
+    return [i for i, t in enumerate(model.config.layer_types) if t == "linear_attention"]
+
+
+@torch.no_grad()
+def decode_logits(model, prompt, mask, tokens, reorder_at=None, perm=None):
+    """Prefill ``prompt`` (left padded per ``mask``), then feed ``tokens`` [steps, B] one step at
+    a time (teacher forcing: every model sees the same inputs). Returns (per-step last logits in
+    float32, the cache). With ``reorder_at``, the cache's batch is permuted by ``perm`` (as beam
+    search does) before that step."""
+    pos = (mask.long().cumsum(-1) - 1).clamp_(min=0)
+    out = model(input_ids=prompt, attention_mask=mask, position_ids=pos, use_cache=True)
+    cache, logits = out.past_key_values, [out.logits[:, -1].float()]
+    for step, tok in enumerate(tokens):
+        if step == reorder_at:
+            cache.reorder_cache(perm)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        pos = pos[:, -1:] + 1
+        out = model(
+            input_ids=tok[:, None],
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            **{CACHE_KW: cache},
+        )
+        cache, logits = out.past_key_values, logits + [out.logits[:, -1].float()]
+    return torch.stack(logits), cache
+
+
+def gdn_states(model, cache):
+    """Each GDN layer's recurrent state as transformers sees it, [B, Hv, K, V] float32."""
+    return [cache.layers[i].recurrent_states[0].float() for i in gdn_layer_indices(model)]
+
+
+def assert_within_2x_stock(got, stock, oracle, dtype, what):
+    """|got - oracle| <= 2 |stock - oracle| + one 16-bit rounding of the largest |oracle| entry;
+    then got and stock are also within the sum of their errors of each other."""
+    floor = EPS[dtype] * oracle.abs().max().item()
+    err_got = (got - oracle).abs().max().item()
+    err_stock = (stock - oracle).abs().max().item()
+    assert err_got <= 2 * err_stock + floor, (
+        f"{what}: op error {err_got:.3g} vs stock transformers' {err_stock:.3g} (floor {floor:.3g})"
+    )
+    diff = (got - stock).abs().max().item()
+    assert diff <= 3 * err_stock + floor, f"{what}: op vs stock {diff:.3g}"
+
+
+def left_padded_batch(lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    T = max(lengths)
+    prompt = torch.randint(1, VOCAB, (len(lengths), T), generator=g)
+    mask = torch.zeros(len(lengths), T, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, T - n :] = 1
+    return prompt.masked_fill(mask == 0, 0), mask
+
+
+# (1) generate through the op == generate through the op's pure-torch reference, token for token.
+@needs_tested
+@pytest.mark.parametrize(
+    "family,dtype",
+    [
+        ("qwen3_next", torch.bfloat16),
+        ("qwen3_5", torch.bfloat16),
+        ("qwen3_5_moe", torch.bfloat16),
+        ("qwen3_next", torch.float16),
+    ],
+)
+def test_generate_op_equals_reference(family, dtype):
+    model = make_model(family, dtype)
+    prompt = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    runs = {}
+    for name, kernel in [("op", None), ("reference", custom_ops.fused_gdn_decode_reference)]:
+        with integ.patch_gdn_decode(model, kernel=kernel):
+            out = model.generate(
+                prompt, max_new_tokens=32, do_sample=False, return_dict_in_generate=True
+            )
+        runs[name] = out
+    op, ref = runs["op"], runs["reference"]
+    assert op.sequences.shape == (2, 9 + 32)
+    assert torch.equal(op.sequences, ref.sequences)
+    # The decode steps ran in the pool: both caches hold their states there, slot 0 untouched.
+    for i in gdn_layer_indices(model):
+        pool = integ.state_pool(op.past_key_values, i)
+        assert pool is not None and pool.shape[0] == 2 + 1
+        assert not pool[0].any()
+        ref_pool = integ.state_pool(ref.past_key_values, i)
+        torch.testing.assert_close(pool, ref_pool, atol=2e-2, rtol=2e-2)
+
+
+# (2) against stock transformers: logits of every decode step and the states after N steps; the
+# state is converted once at the end of prefill and then updated in place by the op.
+@needs_tested
+@pytest.mark.parametrize(
+    "family,dtype",
+    [
+        ("qwen3_next", torch.bfloat16),
+        ("qwen3_5", torch.bfloat16),
+        ("qwen3_5_moe", torch.bfloat16),
+        ("qwen3_next", torch.float16),
+    ],
+)
+def test_close_to_stock_transformers(family, dtype):
+    model = make_model(family, dtype)
+    oracle = copy.deepcopy(model).float()
+    g = torch.Generator().manual_seed(2)
+    B, steps = 2, 16
+    prompt, mask = (
+        torch.randint(1, VOCAB, (B, 11), generator=g),
+        torch.ones(B, 11, dtype=torch.long),
+    )
+    tokens = torch.randint(1, VOCAB, (steps, B), generator=g)
+
+    stock_logits, stock_cache = decode_logits(model, prompt, mask, tokens)
+    oracle_logits, oracle_cache = decode_logits(oracle, prompt, mask, tokens)
+    with integ.patch_gdn_decode(model):
+        logits, cache = decode_logits(model, prompt, mask, tokens)
+    for step in range(steps + 1):
+        assert_within_2x_stock(
+            logits[step],
+            stock_logits[step],
+            oracle_logits[step],
+            dtype,
+            f"{family} logits, step {step}",
+        )
+    for layer, (got, stock, ref) in enumerate(
+        zip(
+            gdn_states(model, cache),
+            gdn_states(model, stock_cache),
+            gdn_states(oracle, oracle_cache),
+        )
+    ):
+        assert_within_2x_stock(got, stock, ref, dtype, f"{family} state, GDN layer {layer}")
+    # Converted once at the end of prefill: the same tensor, in the op's layout ([B, Hv, K, V] to
+    # transformers, stored as [.., V, K]), is the state of every later step.
+    with integ.patch_gdn_decode(model):
+        _, c = decode_logits(model, prompt, mask, tokens[:0])
+        held = [c.layers[i].recurrent_states[0] for i in gdn_layer_indices(model)]
+        for i in range(3):
+            model(input_ids=tokens[i][:, None], **{CACHE_KW: c})
+        now = [c.layers[i].recurrent_states[0] for i in gdn_layer_indices(model)]
+    assert all(a is b for a, b in zip(held, now))
+    assert all(s.stride(-2) == 1 and s.stride(-1) == s.shape[-2] for s in now)
+
+
+# (3) a batch of 4 prompts of different lengths, left padded.
+@needs_tested
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_left_padded_batch(family):
+    dtype = torch.bfloat16
+    model = make_model(family, dtype, seed=3)
+    oracle = copy.deepcopy(model).float()
+    prompt, mask = left_padded_batch([3, 12, 7, 1], seed=4)
+    tokens = torch.randint(1, VOCAB, (8, 4), generator=torch.Generator().manual_seed(5))
+    stock_logits, stock_cache = decode_logits(model, prompt, mask, tokens)
+    oracle_logits, oracle_cache = decode_logits(oracle, prompt, mask, tokens)
+    with integ.patch_gdn_decode(model):
+        logits, cache = decode_logits(model, prompt, mask, tokens)
+    for step in range(len(tokens) + 1):
+        for row in range(4):
+            assert_within_2x_stock(
+                logits[step, row],
+                stock_logits[step, row],
+                oracle_logits[step, row],
+                dtype,
+                f"step {step}, row {row}",
+            )
+    for got, stock, ref in zip(
+        gdn_states(model, cache), gdn_states(model, stock_cache), gdn_states(oracle, oracle_cache)
+    ):
+        assert_within_2x_stock(got, stock, ref, dtype, "state")
+    # generate with the same padded batch: op and reference agree token for token.
+    seqs = []
+    for kernel in (None, custom_ops.fused_gdn_decode_reference):
+        with integ.patch_gdn_decode(model, kernel=kernel):
+            seqs.append(
+                model.generate(prompt, attention_mask=mask, max_new_tokens=12, do_sample=False)
+            )
+    assert torch.equal(seqs[0], seqs[1])
+
+
+# Beam search reorders the cache: the next decode step adopts the reordered state.
+@needs_tested
+def test_cache_reorder_then_decode():
+    dtype = torch.bfloat16
+    model = make_model("qwen3_5", dtype, seed=6)
+    oracle = copy.deepcopy(model).float()
+    g = torch.Generator().manual_seed(7)
+    prompt, mask = torch.randint(1, VOCAB, (3, 6), generator=g), torch.ones(3, 6, dtype=torch.long)
+    tokens = torch.randint(1, VOCAB, (6, 3), generator=g)
+    perm = torch.tensor([2, 0, 0])
+    kw = {"reorder_at": 3, "perm": perm}
+    stock_logits, _ = decode_logits(model, prompt, mask, tokens, **kw)
+    oracle_logits, _ = decode_logits(oracle, prompt, mask, tokens, **kw)
+    with integ.patch_gdn_decode(model):
+        logits, _ = decode_logits(model, prompt, mask, tokens, **kw)
+        beams = model.generate(prompt, num_beams=2, max_new_tokens=6, do_sample=False)
+    with integ.patch_gdn_decode(model, kernel=custom_ops.fused_gdn_decode_reference):
+        beams_ref = model.generate(prompt, num_beams=2, max_new_tokens=6, do_sample=False)
+    for step in range(len(tokens) + 1):
+        assert_within_2x_stock(
+            logits[step], stock_logits[step], oracle_logits[step], dtype, f"step {step}"
+        )
+    assert torch.equal(beams, beams_ref)
+
+
+# (4) refused at patch time, with the supported dtypes named; the model stays unpatched.
+@needs_tested
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fp32_model_refused(family):
+    model = make_model(family, torch.float32)
+    with pytest.raises(TypeError, match=r"torch\.bfloat16 or torch\.float16"):
+        integ.patch_gdn_decode(model)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert integ.unpatch_gdn_decode(model) == 0
+
+
+@needs_tested
+def test_cast_to_fp32_after_patch_refused_at_the_layer():
+    model = make_model("qwen3_next", torch.bfloat16)
+    prompt = torch.randint(1, VOCAB, (1, 4), generator=torch.Generator().manual_seed(8))
+    with integ.patch_gdn_decode(model):
+        model.float()
+        with pytest.raises(TypeError, match=r"torch\.bfloat16 or torch\.float16"):
+            model.generate(prompt, max_new_tokens=2, do_sample=False)
+
+
+@needs_tested
+def test_shapes_outside_contract_refused():
+    model = make_model("qwen3_next", torch.bfloat16, key_dim=32)  # the op needs K >= 64
+    with pytest.raises(ValueError, match="K"):
+        integ.patch_gdn_decode(model)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+@needs_tested
+def test_unpatch_restores_stock_and_refuses_double_patch():
+    model = make_model("qwen3_next", torch.bfloat16)
+    prompt = torch.randint(1, VOCAB, (2, 5), generator=torch.Generator().manual_seed(9))
+    stock = model.generate(prompt, max_new_tokens=6, do_sample=False)
+    handle = integ.patch_gdn_decode(model)
+    with pytest.raises(ValueError, match="already patched"):
+        integ.patch_gdn_decode(model)
+    assert integ.unpatch_gdn_decode(model) == len(gdn_layer_indices(model))
+    handle.unpatch()  # no-op now
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert torch.equal(model.generate(prompt, max_new_tokens=6, do_sample=False), stock)
+    with pytest.raises(ValueError, match="no Gated DeltaNet layer"):
+        integ.patch_gdn_decode(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("version", ["5.22.1", "5.25.0", "5.25.0.dev0", "4.57.1"])
+def test_untested_transformers_refused(monkeypatch, version):
+    model = torch.nn.Linear(2, 2)
+    monkeypatch.setattr(integ.transformers, "__version__", version)
+    with pytest.raises(RuntimeError, match=version.replace(".", r"\.")):
+        integ.patch_gdn_decode(model)
