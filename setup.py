@@ -167,7 +167,11 @@ setup(
     install_requires=[f"torch=={torch.__version__.split('+')[0]}"],
     extras_require={
         # numpy: Triton's interpreter (tests/test_triton_interpret.py) needs it.
-        "test": ["pytest", "numpy", "hypothesis"],
+        # protobuf, packaging: torchair's Python (tests/test_torchair.py) imports them.
+        "test": ["pytest", "numpy", "hypothesis", "protobuf>=4,<7", "packaging",
+                 "transformers>=5.22.2,<5.25"],
+        # custom_ops.integrations.transformers: the tested range.
+        "transformers": ["transformers>=5.22.2,<5.25"],
         # The CPU benchmark's --plot.
         "bench": ["matplotlib"],
     },
