@@ -3,13 +3,14 @@
 One C++ extension, ``custom_ops._C``, holds the schema, the shared input check and one
 implementation per dispatch key; its Python module is empty (everything is registered through
 TORCH_LIBRARY). The CPU kernel body is compiled once per instruction set (``kernel_default.cpp``
-portable, ``kernel_avx2.cpp`` with AVX2+FMA+F16C, ``kernel_avx512.cpp`` with AVX-512 F/BW/VL/DQ)
-and picked at run time, so the wheel never depends on the build machine's CPU (no tuning for the
-build host).
+portable, ``kernel_avx2.cpp`` with AVX2+FMA+F16C, ``kernel_avx512.cpp`` with AVX-512 F/BW/VL/DQ,
+``kernel_avx512bf16.cpp`` with those and AVX512-BF16 where the compiler has it) and picked at run
+time, so the wheel never depends on the build machine's CPU (no tuning for the build host).
 
 Environment switches (all optional):
   CUSTOM_OPS_NO_AVX2=1   build only the portable kernel (no AVX2, no AVX-512 variant)
-  CUSTOM_OPS_NO_AVX512=1 build no AVX-512 variant
+  CUSTOM_OPS_NO_AVX512=1 build no AVX-512 variant (no AVX512-BF16 either)
+  CUSTOM_OPS_NO_AVX512BF16=1 build no AVX512-BF16 variant
   CUSTOM_OPS_DEBUG=1     -O0 -g (NDEBUG stays defined: torch's headers change class layouts
                          without it)
   CUSTOM_OPS_SANITIZE=1  build with AddressSanitizer + UndefinedBehaviorSanitizer
@@ -19,6 +20,7 @@ Environment switches (all optional):
 import glob
 import os
 import platform
+import tempfile
 
 import torch
 from setuptools import find_packages, setup
@@ -39,6 +41,38 @@ WITH_AVX512 = WITH_AVX2 and not _env_flag("CUSTOM_OPS_NO_AVX512")
 DEBUG = _env_flag("CUSTOM_OPS_DEBUG")
 SANITIZE = _env_flag("CUSTOM_OPS_SANITIZE")
 
+AVX512BF16_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"]
+AVX512BF16_PROBE = """
+#include <immintrin.h>
+__m512i narrow(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
+"""
+
+
+def _compiler_accepts(flags, code):
+    """Whether the compiler that builds the kernel libraries (setuptools' default, as in
+    build_clib) compiles `code` with `flags`."""
+    from setuptools._distutils.ccompiler import new_compiler
+    from setuptools._distutils.errors import CompileError
+    from setuptools._distutils.sysconfig import customize_compiler
+
+    compiler = new_compiler()
+    customize_compiler(compiler)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.cpp")
+        with open(src, "w") as f:
+            f.write(code)
+        try:
+            compiler.compile([src], output_dir=tmp, extra_postargs=flags)
+        except CompileError:
+            return False
+    return True
+
+
+# Built only where the compiler has AVX512-BF16 (GCC >= 10, clang >= 9); chosen at run time only
+# on CPUs that have it.
+WITH_AVX512BF16 = (WITH_AVX512 and not _env_flag("CUSTOM_OPS_NO_AVX512BF16")
+                   and _compiler_accepts(AVX512BF16_FLAGS, AVX512BF16_PROBE))
+
 # at::parallel_for is inline OpenMP: without -fopenmp it silently runs on one thread. The
 # libgomp.so.1 we link against resolves at run time to the one torch has already loaded.
 OPENMP = ["-fopenmp"]
@@ -58,6 +92,8 @@ if WITH_AVX2:
     DEFINES.append(("CUSTOM_OPS_WITH_AVX2", "1"))
 if WITH_AVX512:
     DEFINES.append(("CUSTOM_OPS_WITH_AVX512", "1"))
+if WITH_AVX512BF16:
+    DEFINES.append(("CUSTOM_OPS_WITH_AVX512BF16", "1"))
 
 # The kernel variants and their instruction-set flags. Each gets its own CPU_CAPABILITY so that
 # at::vec's inline namespace keeps the variants' symbols apart (as in ATen).
@@ -77,6 +113,10 @@ KERNEL_VARIANTS = [
     ("avx512", WITH_AVX512,
      ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512",
       "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"]),
+    # at::vec's AVX-512 code (CPU_CAPABILITY_AVX512) in a namespace of its own.
+    ("avx512bf16", WITH_AVX512BF16,
+     ["-DCPU_CAPABILITY=AVX512BF16", "-DCPU_CAPABILITY_AVX512", *AVX512BF16_FLAGS, "-mfma",
+      "-mf16c"]),
 ]
 # BuildExtension adds these to the extension's own sources; build_clib needs them spelled out.
 _TORCH_CXX = ["-std=c++20", "-fPIC",
@@ -150,6 +190,7 @@ print(
     f"custom_ops build: torch {torch.__version__}, CPU kernels: portable"
     + (" + avx2" if WITH_AVX2 else "")
     + (" + avx512" if WITH_AVX512 else "")
+    + (" + avx512bf16" if WITH_AVX512BF16 else "")
     + (", debug" if DEBUG else "")
     + (", ASan+UBSan" if SANITIZE else "")
 )

@@ -1,6 +1,6 @@
 """Benchmark of custom::npu_fused_gdn_decode: ``python -m benchmarks`` (from the repository root).
 
-For Qwen3-Next shapes (H=16, Hv=32, K=V=128) and its tensor-parallel shards, fp32 and bf16 state,
+For Qwen3-Next shapes (H=16, Hv=32, K=V=128) and its tensor-parallel shards, every state dtype
 and a range of batch sizes, it times in one run:
   ours      the registered op on the chosen device (CPU kernel, NPU aclnn, CUDA Triton);
   reference the pure-torch reference (custom_ops.reference);
@@ -8,17 +8,28 @@ and a range of batch sizes, it times in one run:
   copy      a plain copy of the same state bytes (read + write): the memory-bandwidth ceiling;
   rmw       an in-place read-modify-write stream over the same bytes (what the op's traffic is,
             with no arithmetic): the ceiling for an in-place update.
-Every backend's result is checked against the reference before it is timed. The table gives
+in two modes:
+  dram      (the main table) every timed call works on fresh slots of a pool at least 4x the
+            last-level cache (as the OS reports it), as in serving, where all layers' states of
+            all sequences never fit in cache; the ceilings stream over fresh bytes of it too;
+  cache     every call works on the same B slots (and the ceilings on the same bytes), which stay
+            cache-resident where they fit.
+Every backend's result is checked against the reference before it is timed. The tables give
 us per call, GB/s of state traffic (2 * B * Hv * V * K * element size), % of copy and of rmw
-bandwidth and speedup vs the reference. --csv/--json/--plot write the table and a GB/s-vs-B plot.
+bandwidth for the same bytes in the same mode, and speedup vs the reference; on the CPU a last
+table gives every kernel variant's GB/s at one batch size from DRAM. --csv/--json/--plot write the
+rows and a GB/s-vs-B plot (both modes, every state dtype).
 """
-
 import argparse
+import glob
+import itertools
 import json
 import math
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 
@@ -33,6 +44,15 @@ TP_SHARDS = [(8, 16), (4, 8), (2, 4)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BACKENDS = ("ours", "reference", "compiled", "copy", "rmw")
 CEILINGS = ("copy", "rmw")
+MODES = ("dram", "cache")
+
+
+def input_dtype_for(state, input_dtype):
+    """A 16-bit state takes inputs of its own dtype (the op's accepted pairs); an fp32 state
+    takes --input-dtype."""
+    return state if state != "fp32" else input_dtype
+# The DRAM mode's pool holds at least this many times the last-level cache.
+POOL_OVER_CACHE = 4
 
 
 def parse_args(argv=None):
@@ -40,14 +60,20 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", choices=["cpu", "npu", "cuda"])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 64, 128])
-    p.add_argument("--state-dtype", nargs="+", default=["fp32", "bf16"],
+    p.add_argument("--state-dtype", nargs="+", default=["fp32", "bf16", "fp16"],
                    choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--input-dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--input-dtype", default="bf16", choices=["bf16", "fp16"],
+                   help="inputs of an fp32 state (a 16-bit state takes its own dtype)")
     p.add_argument("--shapes", default="all", choices=["all", "full", "shards"],
                    help="Qwen3-Next full (H=16, Hv=32), its TP shards, or both")
     p.add_argument("--head-dim", type=int, default=128, help="K = V")
-    p.add_argument("--pool-factor", type=float, default=2.0,
-                   help="slot pool = pool_factor * B + 1, so the state is not all cache-resident")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
+                   help="dram: fresh slots of a pool >= 4x the last-level cache every call (the "
+                        "serving case, main table); cache: the same slots every call")
+    p.add_argument("--cache-bytes", type=int, default=None,
+                   help="last-level cache size to size the DRAM pool by (default: ask the OS)")
+    p.add_argument("--variants-batch", type=int, default=32,
+                   help="CPU: batch size of the per-kernel-variant table from DRAM (0: skip it)")
     p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     p.add_argument("--min-time", type=float, default=0.3, help="seconds of timed calls per point")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
@@ -62,6 +88,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.shapes, args.batch = "full", [1, 8, 32]
+    if args.device == "cuda" and args.modes != list(MODES):
+        p.error("--modes applies to --device cpu/npu (the CUDA bench times CUDA-graph replays)")
     return args
 
 
@@ -119,6 +147,93 @@ def time_call(fn, sync, min_time):
     return statistics.median(samples)
 
 
+def _size_bytes(text):
+    """ "32768K" / "32M" / "1024" -> bytes."""
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * mult
+
+
+def last_level_cache_bytes():
+    """The machine's total last-level (L3, else L2) cache as the OS reports it: the larger of
+    Linux sysfs (each distinct cache instance counted once) and glibc's sysconf (`getconf`),
+    which disagree on some virtual machines (one CCX's L3 against the whole chip's). None if
+    neither says."""
+    found = []
+    for level in (3, 2):
+        sizes = {}
+        for index in glob.glob("/sys/devices/system/cpu/cpu*/cache/index*"):
+            try:
+                with open(os.path.join(index, "level")) as f:
+                    if int(f.read()) != level:
+                        continue
+                with open(os.path.join(index, "type")) as f:
+                    if f.read().strip() == "Instruction":
+                        continue
+                with open(os.path.join(index, "shared_cpu_list")) as f:
+                    shared = f.read().strip()
+                with open(os.path.join(index, "size")) as f:
+                    sizes[shared] = _size_bytes(f.read())
+            except (OSError, ValueError):
+                continue
+        if sizes:
+            found.append(sum(sizes.values()))
+            break
+    getconf = shutil.which("getconf")
+    for name in ("LEVEL3_CACHE_SIZE", "LEVEL2_CACHE_SIZE") if getconf else ():
+        try:
+            out = subprocess.run([getconf, name], capture_output=True, text=True, timeout=10,
+                                 check=False).stdout.strip()
+            size = int(out)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            continue
+        if size > 0:
+            found.append(size)
+            break
+    return max(found) if found else None
+
+
+class DramPool:
+    """A state pool of at least POOL_OVER_CACHE x the last-level cache for one (shape, state
+    dtype), and the slot windows that make every timed call touch bytes no recent call touched."""
+
+    def __init__(self, H, Hv, D, state_dtype, cache_bytes, device, seed=0):
+        self.slot_bytes = Hv * D * D * torch.empty((), dtype=state_dtype).element_size()
+        self.min_bytes = POOL_OVER_CACHE * cache_bytes
+        self.shape, self.state_dtype, self.device, self.seed = (Hv, D, D), state_dtype, device, seed
+        self.state = None
+
+    def ensure(self, B):
+        """Grows the pool (if needed) to >= POOL_OVER_CACHE windows of B slots, and returns it."""
+        slots = max(math.ceil(self.min_bytes / self.slot_bytes), POOL_OVER_CACHE * B) + 1
+        if self.state is None or self.state.shape[0] < slots:
+            self.state = None
+            g = torch.Generator().manual_seed(self.seed)
+            state = torch.empty((slots, *self.shape), dtype=self.state_dtype)
+            for i in range(0, slots, 64):  # in chunks: no fp32 copy of a 16-bit pool
+                chunk = state[i:i + 64]
+                chunk.copy_(torch.randn(chunk.shape, generator=g) * 0.5)
+            self.state = state.to(self.device)
+        return self.state
+
+    def windows(self, B, seed=0):
+        """An endless cycle of index tensors: B distinct slots each, disjoint from the previous
+        POOL_OVER_CACHE - 1 windows (a random permutation of the pool cut into windows)."""
+        n = self.state.shape[0] - 1
+        perm = (torch.randperm(n, generator=torch.Generator().manual_seed(seed)) + 1).to(
+            torch.int32)
+        count = n // B
+        return itertools.cycle([perm[w * B:(w + 1) * B].to(self.device) for w in range(count)])
+
+    def byte_chunks(self, nbytes):
+        """An endless cycle of int32 views of nbytes / 2 consecutive fresh bytes each (the
+        ceilings' read-modify-write or copy source), taken from the pool's own memory."""
+        flat = self.state.view(-1).view(torch.int32)
+        n = nbytes // 8  # int32 elements per chunk
+        count = flat.numel() // n
+        return itertools.cycle([flat[c * n:(c + 1) * n] for c in range(count)])
+
+
 _COMPILED = {}
 
 
@@ -128,65 +243,143 @@ def compiled_reference():
     return _COMPILED["ref"]
 
 
+def _ceiling_fn(backend, chunks):
+    """copy: a chunk into the next one; rmw: x |= 0 in place (same bytes read and written)."""
+    if backend == "copy":
+        def fn():
+            dst = next(chunks)
+            dst.copy_(next(chunks))
+    else:
+        def fn():
+            next(chunks).bitwise_or_(0)
+    return fn
+
+
 def run(args):
     device, sync = device_setup(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = DTYPES[args.input_dtype]
     shapes = []
     if args.shapes in ("all", "full"):
         shapes.append(QWEN3_NEXT)
     if args.shapes in ("all", "shards"):
         shapes += TP_SHARDS
+    cache_bytes = args.cache_bytes or last_level_cache_bytes() or (256 << 20)
+    args.cache_bytes = cache_bytes
     configs = [(H, Hv, sd, B) for (H, Hv) in shapes for sd in args.state_dtype for B in args.batch]
-    progress = Progress(len(configs) * len(args.backends), enabled=not args.no_progress)
+    progress = Progress(len(configs) * len(args.backends) * len(args.modes),
+                        enabled=not args.no_progress)
     op = torch.ops.custom.npu_fused_gdn_decode
+    D = args.head_dim
     rows = []
-    for H, Hv, sd, B in configs:
+    for (H, Hv, sd), group in itertools.groupby(configs, key=lambda c: c[:3]):
         state_dtype = DTYPES[sd]
-        D = args.head_dim
-        case = Case(B=B, H=H, Hv=Hv, K=D, V=D, dtype=dtype, state_dtype=state_dtype,
-                    pool=int(args.pool_factor * B) + 1, layout="projection")
-        x = make_inputs(case, device=device)
-        nbytes = 2 * B * Hv * D * D * x["state_ref"].element_size()
-        row = dict(H=H, Hv=Hv, K=D, V=D, B=B, pool=x["state_ref"].shape[0], input=args.input_dtype,
-                   state=sd, bytes=nbytes)
-        for backend in args.backends:
-            label = f"H={H} Hv={Hv} {sd} B={B} {backend}"
-            if backend in CEILINGS:
-                src = torch.empty(nbytes // 8, dtype=torch.int32, device=device).fill_(1)
-                if backend == "copy":
-                    dst = torch.empty_like(src)
-
-                    def fn(src=src, dst=dst):
-                        return dst.copy_(src)
+        dtype = DTYPES[input_dtype_for(sd, args.input_dtype)]
+        pool = None
+        if "dram" in args.modes:
+            pool = DramPool(H, Hv, D, state_dtype, cache_bytes, device)
+        for _, _, _, B in group:
+            # The check before timing, on a small pool (it compares the whole pool).
+            case = Case(B=B, H=H, Hv=Hv, K=D, V=D, dtype=dtype, state_dtype=state_dtype,
+                        pool=2 * B + 1, layout="projection")
+            x = make_inputs(case, device=device)
+            checked = {}
+            for backend in args.backends:
+                if backend not in CEILINGS:
+                    impl = {"ours": op, "reference": fused_gdn_decode_reference}.get(backend)
+                    impl = impl or compiled_reference()
+                    # Runs impl and the reference once on copies of the state: out and state agree?
+                    checked[backend] = (impl, agrees_with_reference(impl, x))
+            nbytes = 2 * B * Hv * D * D * x["state_ref"].element_size()
+            for mode in args.modes:
+                if mode == "dram":
+                    xm = dict(x, state_ref=pool.ensure(B))
+                    windows = pool.windows(B)
+                    chunks = {c: pool.byte_chunks(nbytes) for c in CEILINGS}
                 else:
-                    def fn(src=src):
-                        return src.bitwise_or_(0)
-                ok = True
-            else:
-                impl = {"ours": op, "reference": fused_gdn_decode_reference}.get(backend)
-                impl = impl or compiled_reference()
-                # Runs impl and the reference once on copies of the state: out and state agree?
-                ok = agrees_with_reference(impl, x)
-                def fn(impl=impl, x=x):
-                    return call(impl, x)
-            t = time_call(fn, sync, args.min_time)
-            row[f"{backend}_us"] = t * 1e6
-            row[f"{backend}_GBps"] = nbytes / t / 1e9
-            if backend not in CEILINGS:
-                row[f"{backend}_ok"] = ok
-            progress.step(label)
-        for ceiling in CEILINGS:
-            if f"{ceiling}_us" in row:
+                    xm, windows = x, None
+                    src = torch.empty(nbytes // 8, dtype=torch.int32, device=device).fill_(1)
+                    chunks = {"copy": itertools.cycle([torch.empty_like(src), src]),
+                              "rmw": itertools.repeat(src)}
+                pool_slots = xm["state_ref"].shape[0]
+                row = {"mode": mode, "H": H, "Hv": Hv, "K": D, "V": D, "B": B, "pool": pool_slots,
+                       "input": input_dtype_for(sd, args.input_dtype), "state": sd,
+                       "bytes": nbytes}
                 for backend in args.backends:
-                    if backend not in CEILINGS:
-                        row[f"{backend}_pct_{ceiling}"] = (
-                            100.0 * row[f"{ceiling}_us"] / row[f"{backend}_us"])
-        if "reference_us" in row and "ours_us" in row:
-            row["speedup_vs_reference"] = row["reference_us"] / row["ours_us"]
-        rows.append(row)
+                    label = f"{mode} H={H} Hv={Hv} {sd} B={B} {backend}"
+                    if backend in CEILINGS:
+                        fn = _ceiling_fn(backend, chunks[backend])
+                    else:
+                        impl, ok = checked[backend]
+                        row[f"{backend}_ok"] = ok
+                        if windows is None:
+                            fn = (lambda impl=impl, xm=xm: call(impl, xm))
+                        else:
+                            fn = (lambda impl=impl, xm=xm, windows=windows: call(
+                                impl, dict(xm, ssm_state_indices=next(windows))))
+                    t = time_call(fn, sync, args.min_time)
+                    row[f"{backend}_us"] = t * 1e6
+                    row[f"{backend}_GBps"] = nbytes / t / 1e9
+                    progress.step(label)
+                _ratios(row, args.backends)
+                rows.append(row)
+            del x
     return rows
+
+
+def _ratios(row, backends):
+    for ceiling in CEILINGS:
+        if f"{ceiling}_us" in row:
+            for backend in backends:
+                if backend not in CEILINGS:
+                    row[f"{backend}_pct_{ceiling}"] = (
+                        100.0 * row[f"{ceiling}_us"] / row[f"{backend}_us"])
+    if "reference_us" in row and "ours_us" in row:
+        row["speedup_vs_reference"] = row["reference_us"] / row["ours_us"]
+
+
+def run_variants(args, B):
+    """CPU: ours on every kernel variant this build runs here, Qwen3-Next full shape, batch B,
+    every state dtype, from DRAM, with the rmw ceiling of the same bytes."""
+    device, sync = device_setup("cpu")
+    H, Hv = QWEN3_NEXT
+    D = args.head_dim
+    rows = []
+    old = custom_ops.cpu_isa()
+    try:
+        for sd in args.state_dtype:
+            dtype = DTYPES[input_dtype_for(sd, args.input_dtype)]
+            pool = DramPool(H, Hv, D, DTYPES[sd], args.cache_bytes, device)
+            state = pool.ensure(B)
+            case = Case(B=B, H=H, Hv=Hv, K=D, V=D, dtype=dtype, state_dtype=DTYPES[sd],
+                        pool=2 * B + 1, layout="projection")
+            x = make_inputs(case, device=device)
+            nbytes = 2 * B * Hv * D * D * state.element_size()
+            rmw = time_call(_ceiling_fn("rmw", pool.byte_chunks(nbytes)), sync, args.min_time)
+            for isa in custom_ops.cpu_isas():
+                custom_ops.set_cpu_isa(isa)
+                ok = agrees_with_reference(torch.ops.custom.npu_fused_gdn_decode, x)
+                windows = pool.windows(B)
+                xm = dict(x, state_ref=state)
+                t = time_call(lambda xm=xm, windows=windows: call(
+                    torch.ops.custom.npu_fused_gdn_decode,
+                    dict(xm, ssm_state_indices=next(windows))), sync, args.min_time)
+                rows.append({"variant": isa, "state": sd, "B": B, "us": t * 1e6,
+                             "GBps": nbytes / t / 1e9, "rmw_GBps": nbytes / rmw / 1e9,
+                             "pct_rmw": 100.0 * rmw / t, "ours_ok": ok})
+    finally:
+        custom_ops.set_cpu_isa(old)
+    return rows
+
+
+def format_variants(rows):
+    header = f"{'variant':>10} {'state':>5} {'B':>4} | {'us':>10} {'GB/s':>6} {'%rmw':>5}"
+    lines = [header + f" {'check':>5}"]
+    lines.append("-" * len(lines[0]))
+    for r in rows:
+        lines.append(f"{r['variant']:>10} {r['state']:>5} {r['B']:>4} | {r['us']:10.1f} "
+                     f"{r['GBps']:6.1f} {r['pct_rmw']:5.0f} {'ok' if r['ours_ok'] else 'FAIL':>5}")
+    return "\n".join(lines)
 
 
 def machine_description(device):
@@ -230,38 +423,53 @@ def format_table(rows, backends):
     return "\n".join(lines)
 
 
+MODE_TITLES = {
+    "dram": "state from DRAM: fresh slots of a pool >= {f}x the last-level cache every call",
+    "cache": "state cache-resident where it fits: the same B slots every call",
+}
+
+
 def write_plot(rows, backends, path, title):
+    """GB/s vs B: one panel per (state dtype, mode); the Qwen3-Next full shape with every backend
+    and ceiling, its TP shards with ours only."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = sorted({(r["H"], r["Hv"], r["state"]) for r in rows})
-    n = len(groups)
-    cols = min(n, 2)
-    nrows = math.ceil(n / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(6 * cols, 3.6 * nrows),
+    states = [s for s in DTYPES if any(r["state"] == s for r in rows)]
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    fig, axes = plt.subplots(len(states), len(modes), figsize=(6.4 * len(modes), 3.8 * len(states)),
                              squeeze=False)
-    for ax, (H, Hv, sd) in zip(axes.flat, groups):
-        sub = sorted((r for r in rows if (r["H"], r["Hv"], r["state"]) == (H, Hv, sd)),
-                     key=lambda r: r["B"])
-        bs = [r["B"] for r in sub]
-        for b in backends:
-            if b in CEILINGS:
-                style = dict(color="black", linestyle="--" if b == "copy" else ":")
-                label = f"{b} ceiling"
-            else:
-                style, label = dict(marker="o"), b
-            ax.plot(bs, [r[f"{b}_GBps"] for r in sub], label=label, **style)
+    full = QWEN3_NEXT
+    for (si, sd), (mi, mode) in itertools.product(enumerate(states), enumerate(modes)):
+        ax = axes[si][mi]
+        sub = [r for r in rows if r["state"] == sd and r["mode"] == mode]
+        shapes = sorted({(r["H"], r["Hv"]) for r in sub}, reverse=True)
+        for H, Hv in shapes:
+            pts = sorted((r for r in sub if (r["H"], r["Hv"]) == (H, Hv)), key=lambda r: r["B"])
+            bs = [r["B"] for r in pts]
+            if (H, Hv) != full:
+                ax.plot(bs, [r["ours_GBps"] for r in pts], marker=".", linewidth=0.8, alpha=0.7,
+                        label=f"ours H={H} Hv={Hv}")
+                continue
+            for b in backends:
+                if b in CEILINGS:
+                    style = {"color": "black", "linestyle": "--" if b == "copy" else ":"}
+                    label = f"{b} ceiling"
+                else:
+                    style = {"marker": "o", "linewidth": 2 if b == "ours" else 1}
+                    label = f"{b} H={H} Hv={Hv}" if b == "ours" else b
+                ax.plot(bs, [r[f"{b}_GBps"] for r in pts], label=label, **style)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("batch B")
         ax.set_ylabel("GB/s of state traffic")
-        ax.set_title(f"H={H} Hv={Hv} K=V={sub[0]['K']} {sd} state")
+        K = sub[0]["K"] if sub else "?"
+        ax.set_title(f"{sd} state, K=V={K}\n{MODE_TITLES[mode].format(f=POOL_OVER_CACHE)}",
+                     fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
+        ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -312,9 +520,26 @@ def main(argv=None):
     rows = run(args)
     machine = machine_description(args.device)
     print(f"benchmarks: npu_fused_gdn_decode on {args.device} ({machine}), torch "
-          f"{torch.__version__}, input {args.input_dtype}, K=V={args.head_dim}, "
-          f"pool = {args.pool_factor:g}*B+1 slots")
-    print(format_table(rows, args.backends))
+          f"{torch.__version__}, input {args.input_dtype} (fp16 for an fp16 state), "
+          f"K=V={args.head_dim}, last-level cache "
+          f"{args.cache_bytes / 2**20:.0f} MiB")
+    for mode in args.modes:
+        sub = [r for r in rows if r["mode"] == mode]
+        if mode == "dram":
+            pools = sorted({r["pool"] for r in sub})
+            print(f"\nState from DRAM (serving): every timed call on fresh slots of a pool of "
+                  f">= {POOL_OVER_CACHE}x the last-level cache ({pools[0]}-{pools[-1]} slots); "
+                  f"copy/rmw on fresh bytes of it:")
+        else:
+            print("\nState cache-resident where it fits: the same B slots (pool 2B+1) every call; "
+                  "copy/rmw on the same bytes every call:")
+        print(format_table(sub, args.backends))
+    variants = []
+    if args.device == "cpu" and args.variants_batch:
+        variants = run_variants(args, args.variants_batch)
+        print(f"\nEvery CPU kernel variant, H={QWEN3_NEXT[0]} Hv={QWEN3_NEXT[1]}, "
+              f"B={args.variants_batch}, state from DRAM:")
+        print(format_variants(variants))
     _write_tables(args, rows, machine)
     if args.device == "cpu" and args.callers:
         from benchmarks import threads as bench_threads
@@ -323,6 +548,7 @@ def main(argv=None):
         bench_threads.main(["--callers", *map(str, args.callers)])
     if args.plot:
         write_plot(rows, args.backends, args.plot, f"npu_fused_gdn_decode, {machine}")
+    rows = rows + variants
     failed = [r for r in rows if not all(r[k] for k in r if k.endswith("_ok"))]
     if failed:
         print(f"FAIL: {len(failed)} configuration(s) disagree with the reference", file=sys.stderr)

@@ -32,7 +32,7 @@ TORCH_LIBRARY(custom_ops_internal, m) {
         [](const at::Tensor& indices, int64_t block_num) {
           custom_ops::check_slot_indices(indices, block_num);
         });
-  // The CPU kernel variant in use: "avx512", "avx2" or "portable".
+  // The CPU kernel variant in use: "avx512bf16", "avx512", "avx2" or "portable".
   m.def("cpu_isa() -> str", []() -> std::string {
     return custom_ops::cpu::isa_name(custom_ops::cpu::current_isa());
   });
@@ -44,14 +44,18 @@ TORCH_LIBRARY(custom_ops_internal, m) {
     }
     return names;
   });
-  // Switches the variant ("auto", "portable", "avx2", "avx512"); returns the previous one.
-  // ValueError for an unknown name or one this build/CPU cannot run.
+  // Switches the variant ("auto", "portable", "avx2", "avx512", "avx512bf16"); returns the
+  // previous one. ValueError for an unknown name or one this build/CPU cannot run.
   m.def("set_cpu_isa(str name) -> str", [](const std::string& name) -> std::string {
     std::string previous = custom_ops::cpu::isa_name(custom_ops::cpu::current_isa());
     std::string error;
     TORCH_CHECK_VALUE(custom_ops::cpu::set_isa(name, &error), error);
     return previous;
   });
+  // Whether the CPU kernel uses its row kernels specialised on K = 64, 128, 256 (default true;
+  // they give the generic kernel's bits, which tests check with false); returns the old setting.
+  m.def("set_cpu_k_specialization(bool enabled) -> bool",
+        [](bool enabled) { return custom_ops::cpu::set_k_specialization(enabled); });
 }
 
 // custom_ops._C is an empty Python module (as in pytorch/extension-cpp): importing it loads this

@@ -20,6 +20,7 @@ except ImportError as e:
         "`python setup.py build_ext --inplace` in a checkout.") from e
 
 from . import composite, cuda  # noqa: E402,F401  (register the Python kernels)
+from .cpu import apply_env as _apply_cpu_isa_env  # noqa: E402
 from .cpu import cpu_isa, cpu_isas, set_cpu_isa  # noqa: E402
 from .ops import fused_gdn_decode  # noqa: E402
 from .reference import fused_gdn_decode_reference  # noqa: E402
@@ -45,4 +46,5 @@ def _register_converter():
 
 
 _register_converter()
+_apply_cpu_isa_env()
 del torch

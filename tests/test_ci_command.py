@@ -170,9 +170,12 @@ def test_relative_links_resolve(path):
 
 
 def _bench_rows():
-    """docs/bench_cpu.txt's main table: (H, Hv, state, B) -> the numbers after the key."""
+    """docs/bench_cpu.txt's main table (the first: state from DRAM): (H, Hv, state, B) -> the
+    numbers after the key."""
     rows = {}
     for line in BENCH_TXT.read_text().splitlines():
+        if rows and not line.strip():
+            break
         parts = line.split("|")
         if len(parts) != 3 or not parts[0].split() or not parts[0].split()[0].isdigit():
             continue

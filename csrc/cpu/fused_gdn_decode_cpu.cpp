@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include <ATen/ATen.h>
+#include <ATen/Version.h>
 #include <ATen/Dispatch.h>
 #include <ATen/record_function.h>
 #include <torch/library.h>
@@ -16,21 +17,29 @@ namespace {
 bool cpu_supports(Isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512dq");
   switch (isa) {
     case Isa::kPortable:
       return true;
     case Isa::kAvx2:
 #ifdef CUSTOM_OPS_WITH_AVX2
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return avx2;
 #else
       return false;
 #endif
     case Isa::kAvx512:
 #ifdef CUSTOM_OPS_WITH_AVX512
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+      return avx512;
+#else
+      return false;
+#endif
+    case Isa::kAvx512Bf16:
+#ifdef CUSTOM_OPS_WITH_AVX512BF16
+      return avx512 && __builtin_cpu_supports("avx512bf16");
 #else
       return false;
 #endif
@@ -41,16 +50,32 @@ bool cpu_supports(Isa isa) {
 #endif
 }
 
-constexpr Isa kAllIsas[] = {Isa::kPortable, Isa::kAvx2, Isa::kAvx512};
+constexpr Isa kAllIsas[] = {Isa::kPortable, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16};
 
-Isa best_isa() {
+// The best variant this build and CPU run that is not above `limit`.
+Isa best_isa(Isa limit = Isa::kAvx512Bf16) {
   Isa best = Isa::kPortable;
   for (Isa isa : kAllIsas) {
-    if (cpu_supports(isa)) {
+    if (isa <= limit && cpu_supports(isa)) {
       best = isa;
     }
   }
   return best;
+}
+
+// The variant at load and for "auto": PyTorch's choice for its own CPU kernels
+// (at::get_cpu_capability(), so ATEN_CPU_CAPABILITY=default|avx2|avx512 applies to this op as to
+// ATen), capped by what this build and this CPU run. ATen's AVX512 means the best of the AVX-512
+// variants. (ATen trusts ATEN_CPU_CAPABILITY even above what the CPU has; the cap does not.)
+Isa default_isa() {
+  const std::string capability = at::get_cpu_capability();
+  Isa limit = Isa::kPortable;
+  if (capability.find("AVX512") != std::string::npos) {
+    limit = Isa::kAvx512Bf16;
+  } else if (capability.find("AVX2") != std::string::npos) {
+    limit = Isa::kAvx2;
+  }
+  return best_isa(limit);
 }
 
 bool parse_isa(const std::string& name, Isa* isa) {
@@ -63,18 +88,26 @@ bool parse_isa(const std::string& name, Isa* isa) {
   return false;
 }
 
-// CUSTOM_OPS_CPU_ISA=portable|avx2|avx512|auto picks the variant at load (falling back to the
-// best available); custom_ops_internal::set_cpu_isa changes it later.
-Isa initial_isa() {
-  const char* env = std::getenv("CUSTOM_OPS_CPU_ISA");
-  Isa isa;
-  if (env != nullptr && parse_isa(env, &isa) && cpu_supports(isa)) {
-    return isa;
+// A name as it goes into an error message: quoted, with control characters and non-ASCII bytes
+// escaped (a NUL would otherwise cut the message short).
+std::string quoted(const std::string& name) {
+  std::string out = "'";
+  for (unsigned char c : name) {
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
   }
-  return best_isa();
+  return out + "'";
 }
 
-std::atomic<Isa> g_isa{initial_isa()};
+// custom_ops.cpu applies CUSTOM_OPS_CPU_ISA at import (loudly: see there), through set_isa.
+std::atomic<Isa> g_isa{default_isa()};
+std::atomic<bool> g_specialize_k{true};
 
 // The profiler event of one CPU call (see npu_fused_gdn_decode_cpu).
 const char* kernel_event_name(Isa isa) {
@@ -83,6 +116,8 @@ const char* kernel_event_name(Isa isa) {
       return "custom_ops::npu_fused_gdn_decode_cpu.avx2";
     case Isa::kAvx512:
       return "custom_ops::npu_fused_gdn_decode_cpu.avx512";
+    case Isa::kAvx512Bf16:
+      return "custom_ops::npu_fused_gdn_decode_cpu.avx512bf16";
     default:
       return "custom_ops::npu_fused_gdn_decode_cpu.portable";
   }
@@ -96,6 +131,8 @@ const char* isa_name(Isa isa) {
       return "avx2";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kAvx512Bf16:
+      return "avx512bf16";
     default:
       return "portable";
   }
@@ -118,17 +155,27 @@ std::vector<Isa> available_isas() {
 bool set_isa(const std::string& name, std::string* error) {
   Isa isa;
   if (name == "auto") {
-    isa = best_isa();
+    isa = default_isa();
   } else if (!parse_isa(name, &isa)) {
-    *error = "unknown CPU kernel variant '" + name +
-             "', expected 'auto', 'portable', 'avx2' or 'avx512'";
+    *error = "unknown CPU kernel variant " + quoted(name) +
+             ", expected 'auto', 'portable', 'avx2', 'avx512' or 'avx512bf16'";
     return false;
   } else if (!cpu_supports(isa)) {
-    *error = "CPU kernel variant '" + name + "' is not available: this build or this CPU lacks it";
+    std::string runnable;
+    for (Isa ok : available_isas()) {
+      runnable += std::string(runnable.empty() ? "" : ", ") + "'" + isa_name(ok) + "'";
+    }
+    *error = "CPU kernel variant " + quoted(name) +
+             " is not available: this build or this CPU lacks it (available here: " + runnable +
+             ")";
     return false;
   }
   g_isa = isa;
   return true;
+}
+
+bool set_k_specialization(bool enabled) {
+  return g_specialize_k.exchange(enabled);
 }
 
 namespace {
@@ -137,6 +184,11 @@ namespace {
 template <typename T, typename S>
 void run_kernel(Isa isa, const GdnParams& p) {
   switch (isa) {
+#ifdef CUSTOM_OPS_WITH_AVX512BF16
+    case Isa::kAvx512Bf16:
+      fused_gdn_decode_kernel_AVX512BF16<T, S>(p);
+      return;
+#endif
 #ifdef CUSTOM_OPS_WITH_AVX512
     case Isa::kAvx512:
       fused_gdn_decode_kernel_AVX512<T, S>(p);
@@ -200,6 +252,7 @@ at::Tensor npu_fused_gdn_decode_cpu(
   p.out = out.data_ptr();
   p.scale = static_cast<float>(scale);
   p.softplus_threshold = static_cast<float>(softplus_threshold);
+  p.specialize_k = g_specialize_k.load(std::memory_order_relaxed);
   TORCH_INTERNAL_ASSERT(p.num_heads > 0 && p.num_v_heads % p.num_heads == 0 && p.head_k > 0 &&
                         p.head_v > 0);  // the check's guarantees; the kernel divides by them
   // Input bf16/fp16 (TypeError from the check otherwise); state fp32 or the input dtype.

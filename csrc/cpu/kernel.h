@@ -1,5 +1,6 @@
 // Interface between the CPU op (fused_gdn_decode_cpu.cpp) and the kernel bodies compiled once per
-// instruction set (kernel_default.cpp, kernel_avx2.cpp, kernel_avx512.cpp). Plain pointers and
+// instruction set (kernel_default.cpp, kernel_avx2.cpp, kernel_avx512.cpp,
+// kernel_avx512bf16.cpp). Plain pointers and
 // element strides only, so the kernel files need no Tensor headers and compile quickly.
 //
 // The kernel files are compiled with instruction-set flags: nothing that could also be linked into
@@ -37,9 +38,13 @@ struct GdnParams {
   void* out;
   float scale;
   float softplus_threshold;
+  // Use the row kernels specialised on K = 64, 128, 256 (same bits as the generic one; false
+  // forces the generic one, for tests).
+  bool specialize_k;
 };
 
-enum class Isa : int { kPortable, kAvx2, kAvx512 };
+// In order of preference: each runs wherever the next one does.
+enum class Isa : int { kPortable, kAvx2, kAvx512, kAvx512Bf16 };
 
 // One kernel body per instruction set, instantiated for T (input dtype) in {c10::BFloat16,
 // c10::Half} and S (state dtype) in {float, T}; each computes the whole op described by GdnParams.
@@ -53,12 +58,18 @@ void fused_gdn_decode_kernel_AVX2(const GdnParams& p);
 template <typename T, typename S>
 void fused_gdn_decode_kernel_AVX512(const GdnParams& p);
 #endif
+#ifdef CUSTOM_OPS_WITH_AVX512BF16
+template <typename T, typename S>
+void fused_gdn_decode_kernel_AVX512BF16(const GdnParams& p);
+#endif
 
 const char* isa_name(Isa isa);
 Isa current_isa();
 std::vector<Isa> available_isas();
-// "portable", "avx2", "avx512" or "auto" (the best this CPU runs). False with *error set if
-// unknown or not runnable here.
+// "portable", "avx2", "avx512", "avx512bf16" or "auto" (the default: see default_isa in
+// fused_gdn_decode_cpu.cpp). False with *error set if unknown or not runnable here.
 bool set_isa(const std::string& name, std::string* error);
+// Whether the CPU op uses the K-specialised row kernels (default true); returns the old setting.
+bool set_k_specialization(bool enabled);
 
 } // namespace custom_ops::cpu

@@ -80,14 +80,18 @@ inline void hsum4(const fVec* v, float* out) {
 #endif
 
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-// bf16 in "lane order": 2*kF bf16 <-> two float vectors. Widening a bf16 is a 16-bit shift, so
-// interleaving the words with zeros (unpacklo/unpackhi) gives the two float vectors in one
-// instruction each, and packus_epi32 of the rounded high halves is its exact inverse. The element
-// order inside the two vectors differs from memory order (per 128-bit lane: words 0-3 -> lo,
-// 4-7 -> hi); callers keep their other operands in the same order.
+// A bf16 state as 2*kF bf16 <-> two float vectors, in an element order of our choosing (callers
+// keep their other operands in the same order; dot products do not care about order). Widening a
+// bf16 is a 16-bit shift and narrowing an integer rounding of the high half, so the order is the
+// one that costs the fewest shuffles and shifts on each ISA. Every narrowing rounds to nearest
+// even and turns every NaN into 0x7fc0, like c10::BFloat16; the *_no_nan forms skip the NaN
+// handling for values the caller has proved are not NaN, with the same bits otherwise.
 #define CUSTOM_OPS_HAVE_BF16_LANES 1
 
 #if defined(CPU_CAPABILITY_AVX512)
+// "Lane order": interleaving the words with zeros (unpacklo/unpackhi) gives the two float
+// vectors in one instruction each, and packus_epi32 of the rounded high halves is its exact
+// inverse (per 128-bit lane: words 0-3 -> lo, 4-7 -> hi).
 using iVec = __m512i;
 inline iVec lane_load(const void* p) { return _mm512_loadu_si512(p); }
 inline iVec lane_load(const void* p, int64_t n) {
@@ -97,21 +101,53 @@ inline void lane_store(void* p, iVec x) { _mm512_storeu_si512(p, x); }
 inline void lane_store(void* p, int64_t n, iVec x) {
   _mm512_mask_storeu_epi16(p, static_cast<__mmask32>((1ull << n) - 1), x);
 }
-inline iVec i_zero() { return _mm512_setzero_si512(); }
 inline iVec i_set1(int32_t v) { return _mm512_set1_epi32(v); }
-inline iVec i_unpacklo16(iVec a, iVec b) { return _mm512_unpacklo_epi16(a, b); }
-inline iVec i_unpackhi16(iVec a, iVec b) { return _mm512_unpackhi_epi16(a, b); }
-inline iVec i_srli(iVec a, int n) { return _mm512_srli_epi32(a, n); }
-inline iVec i_and(iVec a, iVec b) { return _mm512_and_si512(a, b); }
-inline iVec i_add(iVec a, iVec b) { return _mm512_add_epi32(a, b); }
-inline iVec i_packus32(iVec a, iVec b) { return _mm512_packus_epi32(a, b); }
 inline fVec as_f(iVec a) { return _mm512_castsi512_ps(a); }
 inline iVec as_i(const fVec& a) { return _mm512_castps_si512(a); }
-// Scalar math: isnan(x) ? 0x7fc0 (quiet NaN) : rounded
-inline iVec keep_nan(iVec rounded, const fVec& x) {
-  return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), i_set1(0x7fc0));
+
+// Scalar math: bits(x) + 0x7fff + ((bits(x) >> 16) & 1), >> 16 (round to nearest even), result
+// in the low 16 bits of each 32-bit lane; right for every x but NaN (the add can carry a NaN's
+// mantissa into the exponent or the sign bit).
+inline iVec round_bf16_no_nan(const fVec& x) {
+  const iVec bits = as_i(x);
+  const iVec lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), i_set1(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, i_set1(0x7fff)), lsb), 16);
+}
+// Scalar math: isnan(x) ? 0x7fc0 : round_bf16_no_nan(x)
+inline iVec round_bf16(const fVec& x) {
+  return _mm512_mask_mov_epi32(round_bf16_no_nan(x), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
+                               i_set1(0x7fc0));
+}
+inline void widen_bf16_lanes(iVec x, fVec& lo, fVec& hi) {
+  lo = as_f(_mm512_unpacklo_epi16(_mm512_setzero_si512(), x));
+  hi = as_f(_mm512_unpackhi_epi16(_mm512_setzero_si512(), x));
+}
+inline iVec narrow_bf16_lanes(const fVec& lo, const fVec& hi) {
+  return _mm512_packus_epi32(round_bf16(lo), round_bf16(hi));
+}
+inline iVec narrow_bf16_lanes_no_nan(const fVec& lo, const fVec& hi) {
+#if defined(__AVX512BF16__)
+  // vcvtne2ps2bf16 rounds to nearest even like round_bf16 except for NaNs (it keeps the payload)
+  // and fp32 denormals (it flushes them to zero): vectors holding either take the integer path.
+  // Checked over all 2^32 inputs by tests/cpp/bf16_narrow_exhaustive.cpp.
+  constexpr int kNanOrDenormal = 0x01 | 0x20 | 0x80;  // fpclass: QNaN | denormal | SNaN
+  if ((_mm512_fpclass_ps_mask(lo, kNanOrDenormal) | _mm512_fpclass_ps_mask(hi, kNanOrDenormal)) ==
+      0) {
+    // Words 0-15 from lo, 16-31 from hi: in 64-bit blocks, lane order's blocks 0, 2, 4, 6, 1, 3,
+    // 5, 7. Put them back.
+    const __m512i words = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    return _mm512_permutexvar_epi64(_mm512_set_epi64(7, 3, 6, 2, 5, 1, 4, 0), words);
+  }
+  return narrow_bf16_lanes(lo, hi);
+#else
+  return _mm512_packus_epi32(round_bf16_no_nan(lo), round_bf16_no_nan(hi));
+#endif
 }
 #else
+// AVX2: "pair order": the 32-bit lane i holds elements 2i (low word) and 2i+1 (high word);
+// lo = lane << 16, hi = lane & 0xffff0000, and narrowing blends the rounded high words back. One
+// shift or blend per vector where unpack/packus orders need shuffles and more shifts, which
+// compete for the same two ports on current x86 cores.
 using iVec = __m256i;
 inline iVec lane_load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline iVec lane_load(const void* p, int64_t n) {
@@ -125,41 +161,42 @@ inline void lane_store(void* p, int64_t n, iVec x) {
   _mm256_store_si256(reinterpret_cast<__m256i*>(buf), x);
   std::memcpy(p, buf, n * sizeof(uint16_t));
 }
-inline iVec i_zero() { return _mm256_setzero_si256(); }
 inline iVec i_set1(int32_t v) { return _mm256_set1_epi32(v); }
-inline iVec i_unpacklo16(iVec a, iVec b) { return _mm256_unpacklo_epi16(a, b); }
-inline iVec i_unpackhi16(iVec a, iVec b) { return _mm256_unpackhi_epi16(a, b); }
-inline iVec i_srli(iVec a, int n) { return _mm256_srli_epi32(a, n); }
-inline iVec i_and(iVec a, iVec b) { return _mm256_and_si256(a, b); }
-inline iVec i_add(iVec a, iVec b) { return _mm256_add_epi32(a, b); }
-inline iVec i_packus32(iVec a, iVec b) { return _mm256_packus_epi32(a, b); }
 inline fVec as_f(iVec a) { return _mm256_castsi256_ps(a); }
 inline iVec as_i(const fVec& a) { return _mm256_castps_si256(a); }
-// Scalar math: isnan(x) ? 0x7fc0 (quiet NaN) : rounded
-inline iVec keep_nan(iVec rounded, const fVec& x) {
+
+// Round to nearest even, result in the HIGH 16 bits of each 32-bit lane (the low bits are
+// garbage). Scalar math: bits + 0x8000 - (low 17 bits == 0x8000), which carries into the high
+// half exactly when bits + 0x7fff + ((bits >> 16) & 1) does (a tie rounds up only from an odd
+// value), without a shift. Right for every x but NaN.
+inline iVec round_bf16_high_no_nan(const fVec& x) {
+  const iVec bits = as_i(x);
+  const iVec tie_even = _mm256_cmpeq_epi32(_mm256_and_si256(bits, i_set1(0x1ffff)), i_set1(0x8000));
+  return _mm256_add_epi32(_mm256_add_epi32(bits, i_set1(0x8000)), tie_even);
+}
+// Scalar math: isnan(x) ? 0x7fc0 : round_bf16_high_no_nan(x), in the high half.
+inline iVec round_bf16_high(const fVec& x) {
   const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-  return _mm256_blendv_epi8(rounded, i_set1(0x7fc0), _mm256_castps_si256(nan));
+  return _mm256_blendv_epi8(round_bf16_high_no_nan(x), i_set1(0x7fc00000),
+                            _mm256_castps_si256(nan));
+}
+inline iVec pair_words(iVec lo_high, iVec hi_high) {
+  return _mm256_blend_epi16(_mm256_srli_epi32(lo_high, 16), hi_high, 0xAA);
+}
+inline void widen_bf16_lanes(iVec x, fVec& lo, fVec& hi) {
+  lo = as_f(_mm256_slli_epi32(x, 16));
+  hi = as_f(_mm256_and_si256(x, i_set1(static_cast<int32_t>(0xffff0000u))));
+}
+inline iVec narrow_bf16_lanes(const fVec& lo, const fVec& hi) {
+  return pair_words(round_bf16_high(lo), round_bf16_high(hi));
+}
+inline iVec narrow_bf16_lanes_no_nan(const fVec& lo, const fVec& hi) {
+  return pair_words(round_bf16_high_no_nan(lo), round_bf16_high_no_nan(hi));
 }
 #endif
 
-// Scalar math: bits(x) + 0x7fff + ((bits(x) >> 16) & 1), >> 16 (round to nearest even), result
-// in the low 16 bits of each 32-bit lane. NaN must stay NaN: the add can carry a NaN's mantissa
-// into the sign bit.
-inline iVec round_bf16(const fVec& x) {
-  const iVec bits = as_i(x);
-  const iVec lsb = i_and(i_srli(bits, 16), i_set1(1));
-  return keep_nan(i_srli(i_add(i_add(bits, i_set1(0x7fff)), lsb), 16), x);
-}
-
-inline void widen_bf16_lanes(iVec x, fVec& lo, fVec& hi) {
-  lo = as_f(i_unpacklo16(i_zero(), x));
-  hi = as_f(i_unpackhi16(i_zero(), x));
-}
-inline iVec narrow_bf16_lanes(const fVec& lo, const fVec& hi) {
-  return i_packus32(round_bf16(lo), round_bf16(hi));
-}
-
-// 2*kF bf16 (or the first n, the rest read as 0) to two float vectors in lane order, and back.
+// 2*kF bf16 (or the first n, the rest read as 0) to two float vectors in this ISA's order, and
+// back.
 inline void load_bf16_lanes(const c10::BFloat16* p, fVec& lo, fVec& hi) {
   widen_bf16_lanes(lane_load(p), lo, hi);
 }
@@ -171,6 +208,9 @@ inline void store_bf16_lanes(c10::BFloat16* p, const fVec& lo, const fVec& hi) {
 }
 inline void store_bf16_lanes(c10::BFloat16* p, int64_t n, const fVec& lo, const fVec& hi) {
   lane_store(p, n, narrow_bf16_lanes(lo, hi));
+}
+inline void store_bf16_lanes_no_nan(c10::BFloat16* p, const fVec& lo, const fVec& hi) {
+  lane_store(p, narrow_bf16_lanes_no_nan(lo, hi));
 }
 #endif // CPU_CAPABILITY_AVX2 || CPU_CAPABILITY_AVX512
 

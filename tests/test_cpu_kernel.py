@@ -1,0 +1,219 @@
+"""The CPU kernel's fast paths and its variant choice: row kernels specialised on K against the
+generic one, the AVX512-BF16 variant against AVX-512, bit for bit (NaN, Inf and denormal values
+included); state values near float32's maximum; which variant runs by default and how a wrong
+choice is reported."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import custom_ops
+from custom_ops.cpu import VARIANTS
+from custom_ops.testing import (
+    OP,
+    Case,
+    call,
+    check_against_reference,
+    clone_inputs,
+    make_inputs,
+    short,
+    use_cpu_isa,
+)
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+STATE_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _bits(t):
+    """The tensor's bytes as integers: equal bits, NaN payloads included."""
+    return t.contiguous().view({4: torch.int32, 2: torch.int16}[t.element_size()])
+
+
+def _assert_same_bits(a, b, what):
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    differ = (_bits(a) != _bits(b)).sum().item()
+    assert differ == 0, f"{what}: {differ} of {a.numel()} elements differ in their bits"
+
+
+def _special_inputs(K, state_dtype, V=13):
+    """Inputs whose call meets every kind of value: NaN and Inf in the state, an Inf in v, a NaN
+    gate, fp32 denormals (state and updated state) and values that round to the 16-bit maximum.
+    V = 13 leaves rows outside the kernel's row groups."""
+    dtype = torch.float16 if state_dtype == torch.float16 else torch.bfloat16
+    x = make_inputs(Case(B=4, H=2, Hv=4, K=K, V=V, dtype=dtype, state_dtype=state_dtype,
+                         pool=9, invalid_rows=(2,)))
+    state, idx = x["state_ref"], x["ssm_state_indices"]
+    s0, s1, s3 = idx[0].item(), idx[1].item(), idx[3].item()
+    tiny = 1e-39 if state_dtype != torch.float16 else 3e-7  # a denormal of the state dtype
+    big = torch.finfo(state_dtype).max / 2
+    state[s0, 0, 1, 3] = float("nan")
+    state[s0, 1, 4, 0] = float("inf")
+    state[s0, 2, 7, :] = big
+    state[s1, 0] = tiny  # with v = 0 below: u, delta and the updated state are denormal too
+    state[s3, 3, 0, K - 1] = -float("inf")
+    qkv = x["mixed_qkv"]
+    H = 2
+    v0 = 2 * H * K
+    qkv[1, v0:v0 + V] = 0  # row 1, value head 0
+    qkv[0, v0 + 2 * V + 5] = float("inf")  # row 0, value head 2, v[5]
+    x["a"][3, 1] = float("nan")
+    return x
+
+
+@pytest.mark.parametrize("K", [64, 128, 256])
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES, ids=short)
+def test_k_specialised_kernels_match_the_generic_one(isa, K, state_dtype):
+    """K = 64, 128, 256 have row kernels of their own; they give the generic kernel's bits."""
+    x = _special_inputs(K, state_dtype)
+    fast, generic = clone_inputs(x), clone_inputs(x)
+    out_fast = call(OP, fast)
+    old = torch.ops.custom_ops_internal.set_cpu_k_specialization(False)
+    try:
+        out_generic = call(OP, generic)
+    finally:
+        torch.ops.custom_ops_internal.set_cpu_k_specialization(old)
+    _assert_same_bits(out_fast, out_generic, "out")
+    _assert_same_bits(fast["state_ref"], generic["state_ref"], "state")
+    # The special values did reach the state (the test would prove little otherwise).
+    assert fast["state_ref"].isnan().any() and fast["state_ref"].isinf().any()
+
+
+@pytest.mark.parametrize("K", [64, 128, 136])
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES, ids=short)
+def test_avx512bf16_variant_matches_avx512(K, state_dtype):
+    """The AVX512-BF16 variant differs from the AVX-512 one only in how it narrows to bf16
+    (vcvtne2ps2bf16 behind an exact guard): same bits for every input."""
+    isas = custom_ops.cpu_isas()
+    if "avx512bf16" not in isas:
+        pytest.skip("this build or CPU has no avx512bf16 variant")
+    x = _special_inputs(K, state_dtype)
+    results = {}
+    for name in ("avx512", "avx512bf16"):
+        mine = clone_inputs(x)
+        with use_cpu_isa(name):
+            results[name] = (call(OP, mine), mine["state_ref"])
+    _assert_same_bits(results["avx512"][0], results["avx512bf16"][0], "out")
+    _assert_same_bits(results["avx512"][1], results["avx512bf16"][1], "state")
+
+
+def test_avx512bf16_narrowing_is_exact_for_every_fp32(tmp_path):
+    """The AVX512-BF16 variant's bf16 narrowing gives the integer rounding's bits for all 2^32
+    fp32 inputs (tests/cpp/bf16_narrow_exhaustive.cpp, built with that variant's flags)."""
+    if "avx512bf16" not in custom_ops.cpu_isas():
+        pytest.skip("this build or CPU has no avx512bf16 variant")
+    from torch.utils.cpp_extension import include_paths
+
+    # setup.py's flags for the variant.
+    flags = ["-DCPU_CAPABILITY=AVX512BF16", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw",
+             "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma", "-mf16c"]
+    exe = tmp_path / "bf16_narrow_exhaustive"
+    cxx = os.environ.get("CXX", "c++")
+    subprocess.run([cxx, "-O2", "-std=c++20", *flags, f"-I{ROOT / 'csrc'}",
+                    *[f"-I{p}" for p in include_paths()],
+                    str(ROOT / "tests" / "cpp" / "bf16_narrow_exhaustive.cpp"), "-o", str(exe)],
+                   check=True)
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=short)
+@pytest.mark.parametrize("gate", ["decay0", "a4.6"])
+def test_state_near_float32_max(isa, state_dtype, gate):
+    """A state of 3e38: with decay 0 the state is forgotten (the reference's small output, not
+    NaN); with a = 4.6 the decayed state is ~1e36 (not -Inf). S k alone overflows; exp(g) S k
+    does not."""
+    x = make_inputs(Case(B=1, H=1, Hv=1, K=64, V=8, state_dtype=state_dtype, pool=3))
+    slot = x["ssm_state_indices"][0].item()
+    x["state_ref"][slot] = 3e38
+    x["mixed_qkv"][:, 64:128] = 1.0  # k = 1/8 everywhere: S k = 8 * 3e38 overflows
+    if gate == "decay0":
+        x["a_log"].fill_(10.0)  # g = -e^10 softplus(..) -> exp(g) = 0
+    else:
+        x["a_log"].zero_()
+        x["dt_bias"].zero_()
+        x["a"].fill_(4.6)  # exp(g) = 1 / (1 + e^4.6) ~ 0.01
+    ours, ref = check_against_reference(x)
+    assert ours["state_ref"][slot].float().isfinite().all()
+    if gate == "a4.6":
+        assert ref["state_ref"][slot].float().abs().max() > 1e35
+
+
+def _isa_in_subprocess(env, code="import custom_ops; print(custom_ops.cpu_isa())"):
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("CUSTOM_OPS_CPU_ISA", "ATEN_CPU_CAPABILITY")}
+    full.update(env)
+    return subprocess.run([sys.executable, "-W", "default", "-c", code], env=full, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def _expected_default(capability):
+    """The variant expected at import for torch's CPU capability: the best this build and CPU
+    run, not above the capability's (AVX512: the best AVX-512 variant)."""
+    wanted = {"AVX2": "avx2", "AVX512": "avx512bf16"}.get(capability, "portable")
+    order = list(VARIANTS)
+    runnable = custom_ops.cpu_isas()
+    return [v for v in order[:order.index(wanted) + 1] if v in runnable][-1]
+
+
+_DEFAULT_CODE = ("import torch, custom_ops; print(custom_ops.cpu_isa()); "
+                 "print(torch.backends.cpu.get_cpu_capability())")
+
+
+@pytest.mark.parametrize("aten", ["default", "avx2", "avx512", None])
+def test_default_variant_follows_aten_cpu_capability(aten):
+    """With no CUSTOM_OPS_CPU_ISA the variant follows PyTorch's own CPU capability
+    (ATEN_CPU_CAPABILITY included), capped by what this build and CPU run."""
+    result = _isa_in_subprocess({} if aten is None else {"ATEN_CPU_CAPABILITY": aten},
+                                code=_DEFAULT_CODE)
+    assert result.returncode == 0, result.stderr
+    chosen, capability = result.stdout.split()
+    assert chosen == _expected_default(capability)
+    if aten == "default":
+        assert chosen == "portable"
+    if aten == "avx2":
+        assert chosen == ("avx2" if "avx2" in custom_ops.cpu_isas() else "portable")
+
+
+def test_env_variable_overrides_the_default():
+    result = _isa_in_subprocess({"ATEN_CPU_CAPABILITY": "default",
+                                 "CUSTOM_OPS_CPU_ISA": custom_ops.cpu_isas()[-1]})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == custom_ops.cpu_isas()[-1]
+
+
+def test_env_variable_with_an_unknown_variant_fails_the_import():
+    result = _isa_in_subprocess({"CUSTOM_OPS_CPU_ISA": "avx9000"})
+    assert result.returncode != 0
+    assert "ValueError" in result.stderr and "CUSTOM_OPS_CPU_ISA" in result.stderr
+    assert "'avx9000'" in result.stderr
+
+
+def test_env_variable_with_a_variant_this_machine_lacks_warns():
+    missing = [v for v in ("avx512bf16", "avx512", "avx2") if v not in custom_ops.cpu_isas()]
+    if not missing:
+        pytest.skip("this build and CPU run every variant")
+    result = _isa_in_subprocess({"CUSTOM_OPS_CPU_ISA": missing[0]}, code=_DEFAULT_CODE)
+    assert result.returncode == 0, result.stderr
+    assert "RuntimeWarning" in result.stderr and f"'{missing[0]}'" in result.stderr
+    chosen, capability = result.stdout.split()
+    assert chosen == _expected_default(capability)
+
+
+@pytest.mark.parametrize("name", ["portable\x00junk", "Portable", " avx2", ""])
+def test_set_cpu_isa_rejects_near_misses(name):
+    before = custom_ops.cpu_isa()
+    with pytest.raises(ValueError, match="unknown CPU kernel variant"):
+        custom_ops.set_cpu_isa(name)
+    assert custom_ops.cpu_isa() == before
+
+
+@pytest.mark.parametrize("name", [None, 2, b"avx2"])
+def test_set_cpu_isa_rejects_non_strings(name):
+    before = custom_ops.cpu_isa()
+    with pytest.raises(TypeError, match="name"):
+        custom_ops.set_cpu_isa(name)
+    assert custom_ops.cpu_isa() == before
