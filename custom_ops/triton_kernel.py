@@ -156,6 +156,33 @@ def tile_config(K: int, V: int, state_dtype: torch.dtype) -> TileConfig:
     return TileConfig(BK=bk, BV=bv, num_warps=warps)
 
 
+def launch_config(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, out, scale,
+                  softplus_threshold, config=None):
+    """(grid, args, kwargs) of the kernel launch for these tensors: built in one place for the
+    launcher and for the ahead-of-time compile check (benchmarks/triton_compile.py)."""
+    B = mixed_qkv.shape[0]
+    block_num, Hv, V, K = state_ref.shape
+    H = (mixed_qkv.shape[1] - Hv * V) // (2 * K)
+    cfg = config or tile_config(K, V, state_ref.dtype)
+    grid = (B * Hv, triton.cdiv(V, cfg.BV))
+    args = (
+        mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, out,
+        float(scale), float(softplus_threshold), block_num,
+        mixed_qkv.stride(0), mixed_qkv.stride(1),
+        a.stride(0), a.stride(1),
+        b.stride(0), b.stride(1),
+        a_log.stride(0), dt_bias.stride(0), ssm_state_indices.stride(0),
+    )
+    kwargs = dict(
+        H=H, HV=Hv, K=K, V=V, BK=cfg.BK, BV=cfg.BV,
+        STATE_BF16=state_ref.dtype == torch.bfloat16, OUT_BF16=out.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=1,
+        # Stated, not left to Triton's default: 3.9 warns that the default turns off in 3.10.
+        enable_fp_fusion=True,
+    )
+    return grid, args, kwargs
+
+
 def fused_gdn_decode_triton(
     mixed_qkv: torch.Tensor,
     a: torch.Tensor,
@@ -175,20 +202,9 @@ def fused_gdn_decode_triton(
     the tile table (used by the GPU sweep). Returns out [B, 1, Hv, V] in mixed_qkv's dtype.
     """
     B = mixed_qkv.shape[0]
-    block_num, Hv, V, K = state_ref.shape
-    H = (mixed_qkv.shape[1] - Hv * V) // (2 * K)
-    cfg = config or tile_config(K, V, state_ref.dtype)
+    _, Hv, V, _ = state_ref.shape
     out = torch.empty((B, 1, Hv, V), dtype=mixed_qkv.dtype, device=mixed_qkv.device)
-    grid = (B * Hv, triton.cdiv(V, cfg.BV))
-    _jitted(_interpret_mode())[grid](
-        mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, out,
-        float(scale), float(softplus_threshold), block_num,
-        mixed_qkv.stride(0), mixed_qkv.stride(1),
-        a.stride(0), a.stride(1),
-        b.stride(0), b.stride(1),
-        a_log.stride(0), dt_bias.stride(0), ssm_state_indices.stride(0),
-        H=H, HV=Hv, K=K, V=V, BK=cfg.BK, BV=cfg.BV,
-        STATE_BF16=state_ref.dtype == torch.bfloat16, OUT_BF16=out.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=1,
-    )
+    grid, args, kwargs = launch_config(mixed_qkv, a, b, a_log, dt_bias, state_ref,
+                                       ssm_state_indices, out, scale, softplus_threshold, config)
+    _jitted(_interpret_mode())[grid](*args, **kwargs)
     return out
