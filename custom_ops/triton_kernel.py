@@ -19,7 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-NORM_EPS = 1e-6
+# A constexpr: the compiler refuses a plain module global inside @triton.jit (the interpreter
+# does not), so the plain float failed every compiled launch with a NameError.
+NORM_EPS = tl.constexpr(1e-6)
 
 
 def _kernel_body(
