@@ -69,7 +69,9 @@ def _kernel_body(
     a_log = tl.load(a_log_ptr + j * stride_a_log).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + j * stride_dt_bias).to(tl.float32)
     x = a + dt_bias
-    softplus = tl.maximum(x, tl.log(1.0 + tl.exp(tl.minimum(x, softplus_threshold))))
+    # propagate_nan=ALL: the default returns the non-NaN operand and dropped a NaN in a/dt_bias.
+    sp = tl.log(1.0 + tl.exp(tl.minimum(x, softplus_threshold, propagate_nan=tl.PropagateNan.ALL)))
+    softplus = tl.maximum(x, sp, propagate_nan=tl.PropagateNan.ALL)
     decay = tl.exp(-tl.exp(a_log) * softplus)
     beta = 1.0 / (1.0 + tl.exp(-b))
 
@@ -88,6 +90,9 @@ def _kernel_body(
     u = tl.sum(s * k[None, :], axis=1)
     delta = beta * (v - u)
     s = s + delta[:, None] * k[None, :]
+    # The padded K lanes (K < BK) hold k = 0: an infinite delta made them inf * 0 = NaN, which
+    # then reached out. Zero them, as the reference has no such lanes.
+    s = tl.where(mask_k[None, :], s, 0.0)
 
     # Output from the updated fp32 state (step 5); zeros for invalid rows.
     o = tl.sum(s * q[None, :], axis=1)
