@@ -11,6 +11,7 @@ Importing it needs triton; the kernel is jitted on first launch, so ``TRITON_INT
 set any time before the first call (the tests rely on that).
 """
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -213,5 +214,8 @@ def fused_gdn_decode_triton(
     out = torch.empty((B, 1, Hv, V), dtype=mixed_qkv.dtype, device=mixed_qkv.device)
     grid, args, kwargs = launch_config(mixed_qkv, a, b, a_log, dt_bias, state_ref,
                                        ssm_state_indices, out, scale, softplus_threshold, config)
-    _jitted(_interpret_mode())[grid](*args, **kwargs)
+    # Triton launches on the current device and its current stream: make them the tensors'.
+    device = mixed_qkv.device
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        _jitted(_interpret_mode())[grid](*args, **kwargs)
     return out
