@@ -9,6 +9,9 @@ what is compiled is what a launch on that GPU compiles for the same layout.
     python -m benchmarks.triton_compile [--arch 80 90]   # the registers/spills table, docs/gpu.md
 
 tests/test_triton_compile.py compiles every configuration with it and fails on any error.
+
+Triton is imported inside the functions, not at the top: a compiler process must drop
+TRITON_INTERPRET before its first import of triton (see compiler_processes).
 """
 
 import argparse
@@ -21,12 +24,7 @@ import sys
 import tempfile
 
 import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, make_backend
-from triton.runtime.jit import JITFunction, create_function_from_signature
 
-from custom_ops import triton_kernel as tk
 from custom_ops.testing import DTYPE_PAIRS, Case, make_inputs, short
 
 ARCHS = (80, 90)  # A100; H100/H200
@@ -41,6 +39,8 @@ def configurations(ks=KS, pairs=DTYPE_PAIRS):
     up to 4096 reach every tile; each tile is compiled once, with V = 128 where that picks it (the
     realistic shape), else with the smallest V that does. V values in TUNED_TILES are included.
     """
+    from custom_ops import triton_kernel as tk
+
     for dtype, sdt in pairs:
         for K in ks:
             vs = {1 << e for e in range(13)}
@@ -63,6 +63,8 @@ def launch_for(dtype, state_dtype, K, V, H=16, Hv=32, config=None):
 
     The state pool is torch.empty and never written: only its dtype and shape count here.
     """
+    from custom_ops import triton_kernel as tk
+
     B = 2
     state = torch.empty(B + 1, Hv, V, K, dtype=state_dtype)
     x = make_inputs(Case(B=B, H=H, Hv=Hv, K=K, V=V, dtype=dtype, state_dtype=state_dtype,
@@ -75,6 +77,11 @@ def launch_for(dtype, state_dtype, K, V, H=16, Hv=32, config=None):
 def compile_launch(fn, arch, args, kwargs):
     """Compiles ``fn`` (a kernel function, jitted here) for sm_<arch> with the specialisation a
     launch with ``args``/``kwargs`` gets; returns Triton's CompiledKernel or raises its error."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
     # JITFunction, not triton.jit: under TRITON_INTERPRET=1 that returns the interpreter.
     fn = fn if isinstance(fn, JITFunction) else JITFunction(fn)
     target = GPUTarget("cuda", arch, 32)
@@ -90,6 +97,8 @@ def compile_launch(fn, arch, args, kwargs):
 
 def compile_config(arch, dtype, state_dtype, K, V, config=None):
     """The op's kernel compiled for sm_<arch> as the launcher launches it for these sizes."""
+    from custom_ops import triton_kernel as tk
+
     _, args, kwargs = launch_for(dtype, state_dtype, K, V, config=config)
     return compile_launch(tk._kernel_body, arch, args, kwargs)
 
@@ -98,6 +107,8 @@ def resources(kernel):
     """{"n_regs", "n_spills", "shared"} of a compiled kernel, read from its cubin by the cuobjdump
     Triton bundles: the attributes Triton's driver reports as n_regs and n_spills (local bytes
     / 4) when it loads the kernel on a GPU."""
+    import triton
+
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
@@ -120,6 +131,8 @@ def fresh_compiler(cache_dir):
     Triton's cache key leaves out TRITON_ALLOW_NON_CONSTEXPR_GLOBALS: an entry built with it set
     would be found and hide the error. Hence a new directory, no cache reads, and the switch off.
     """
+    import triton
+
     knobs = triton.knobs
     with knobs.cache.scope(), knobs.compilation.scope():
         knobs.cache.dir = cache_dir
@@ -138,23 +151,31 @@ def compile_task(arch, dtype, state_dtype, K, V, config, cache_dir):
         return None, f"{type(e).__name__}: {e}"
 
 
+def _start_compiler_process():
+    """Initializer of a compiler process, run before anything there imports triton."""
+    # Imported with TRITON_INTERPRET=1 (the test suite sets it), triton decorates its own library
+    # functions for the interpreter, and a kernel calling them cannot be compiled.
+    os.environ.pop("TRITON_INTERPRET", None)
+    if "triton" in sys.modules:
+        import triton.language.standard as std
+
+        if type(std.cdiv).__name__ == "InterpretedFunction":
+            raise RuntimeError("triton was imported with TRITON_INTERPRET set before the compiler "
+                               "process could drop it")
+
+
 @contextlib.contextmanager
 def compiler_processes(workers=None):
     """A pool of ``workers`` new processes (default: one per CPU) for compile_task and the like.
 
-    Processes of their own because a Triton imported with TRITON_INTERPRET=1 (the test suite sets
-    it) has its own library functions interpreted and cannot compile; the pool's processes start
-    without it. Spawned, not forked: no copy of a process running torch's threads.
+    Processes of their own because a Triton imported with TRITON_INTERPRET=1 cannot compile; they
+    drop it before importing triton (_start_compiler_process), and the caller's environment is left
+    alone. Spawned, not forked: no copy of a process running torch's threads.
     """
-    old = os.environ.pop("TRITON_INTERPRET", None)
-    try:
-        ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(workers or os.cpu_count() or 1,
-                                                    mp_context=ctx) as pool:
-            yield pool
-    finally:
-        if old is not None:
-            os.environ["TRITON_INTERPRET"] = old
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers or os.cpu_count() or 1, mp_context=ctx,
+                                                initializer=_start_compiler_process) as pool:
+        yield pool
 
 
 def compile_all(tasks, cache_dir, pool=None):
@@ -176,6 +197,8 @@ def main(argv=None):
     tasks = [(arch, *c) for c in configs for arch in args.arch]
     with tempfile.TemporaryDirectory() as d, compiler_processes(args.workers) as pool:
         results = compile_all(tasks, d, pool)
+    import triton
+
     print(f"triton {triton.__version__}, H=16, Hv=32: registers per thread and spills "
           f"(4-byte words of local memory per thread)\n")
     head = ["mixed_qkv", "state", "K", "V", "BK", "BV", "warps"]
