@@ -3,6 +3,8 @@
     python -m benchmarks                  the main job: the CPU table (--device cpu|npu|cuda)
     python -m benchmarks.threads          concurrent Python callers on one slot pool (CPU)
     python benchmarks/gpu_check.py        the CUDA path's checks, then its benchmark (GPU host)
+    python -m benchmarks.triton_compile   the Triton kernel compiled for sm_80/sm_90 without a GPU:
+                                          registers and spills per configuration
     python benchmarks/npu_vs_cpu.py       the NPU binding against the CPU op (Ascend host)
 
 ``benchmarks.cuda`` holds the CUDA timing (Triton kernel, FLA, compiled reference, copy). Inputs

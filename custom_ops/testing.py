@@ -144,6 +144,38 @@ def make_inputs(case: Case, device="cpu", *, state_ref: torch.Tensor = None) -> 
     return to_device(x, device)
 
 
+# Where with_value_at writes: one element of q, k or v in row 0 of mixed_qkv, a or b at
+# (0, 0), a_log or dt_bias of head 0, or the state of row 0's slot.
+VALUE_PLACES = ("q", "k", "v", "a", "b", "a_log", "dt_bias", "state")
+
+
+def with_value_at(inputs: dict, place: str, value: float) -> dict:
+    """A copy of ``inputs`` with ``value`` (NaN, +-Inf, ...) at one element of ``place`` that row 0
+    reads (row 0 must be a valid row; element 5 of the head's vector, or (5, 5) of its state, so
+    K and V must exceed 5). The tensors written are copies; the others are shared."""
+    x = dict(inputs)
+    Hv, V, K = x["state_ref"].shape[1:]
+    H = (x["mixed_qkv"].shape[1] - Hv * V) // (2 * K)
+    if place in ("q", "k", "v"):
+        x["mixed_qkv"] = x["mixed_qkv"].clone()
+        x["mixed_qkv"][0, {"q": 5, "k": H * K + 5, "v": 2 * H * K + 5}[place]] = value
+    elif place in ("a", "b"):
+        x[place] = x[place].clone()
+        x[place][0, 0] = value
+    elif place in ("a_log", "dt_bias"):
+        x[place] = x[place].clone()
+        x[place][0] = value
+    elif place == "state":
+        slot = int(x["ssm_state_indices"][0])
+        if slot <= 0:
+            raise ValueError(f"row 0 must be a valid row, but its slot is {slot}")
+        x["state_ref"] = x["state_ref"].clone()
+        x["state_ref"][slot, 0, 5, 5] = value
+    else:
+        raise ValueError(f"place must be one of {VALUE_PLACES}, but got {place!r}")
+    return x
+
+
 def to_device(inputs: dict, device) -> dict:
     """The tensors of ``inputs`` on ``device`` with the same sizes, strides and storage offsets
     (``.to()`` would make views contiguous); views of one storage still share one there."""

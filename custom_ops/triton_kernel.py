@@ -11,6 +11,7 @@ Importing it needs triton; the kernel is jitted on first launch, so ``TRITON_INT
 set any time before the first call (the tests rely on that).
 """
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -19,7 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-NORM_EPS = 1e-6
+# A constexpr: the compiler refuses a plain module global inside @triton.jit (the interpreter
+# does not), so the plain float failed every compiled launch with a NameError.
+NORM_EPS = tl.constexpr(1e-6)
 
 
 def _kernel_body(
@@ -67,7 +70,9 @@ def _kernel_body(
     a_log = tl.load(a_log_ptr + j * stride_a_log).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + j * stride_dt_bias).to(tl.float32)
     x = a + dt_bias
-    softplus = tl.maximum(x, tl.log(1.0 + tl.exp(tl.minimum(x, softplus_threshold))))
+    # propagate_nan=ALL: the default returns the non-NaN operand and dropped a NaN in a/dt_bias.
+    sp = tl.log(1.0 + tl.exp(tl.minimum(x, softplus_threshold, propagate_nan=tl.PropagateNan.ALL)))
+    softplus = tl.maximum(x, sp, propagate_nan=tl.PropagateNan.ALL)
     decay = tl.exp(-tl.exp(a_log) * softplus)
     beta = 1.0 / (1.0 + tl.exp(-b))
 
@@ -86,6 +91,9 @@ def _kernel_body(
     u = tl.sum(s * k[None, :], axis=1)
     delta = beta * (v - u)
     s = s + delta[:, None] * k[None, :]
+    # The padded K lanes (K < BK) hold k = 0: an infinite delta made them inf * 0 = NaN, which
+    # then reached out. Zero them, as the reference has no such lanes.
+    s = tl.where(mask_k[None, :], s, 0.0)
 
     # Output from the updated fp32 state (step 5); zeros for invalid rows.
     o = tl.sum(s * q[None, :], axis=1)
@@ -156,6 +164,33 @@ def tile_config(K: int, V: int, state_dtype: torch.dtype) -> TileConfig:
     return TileConfig(BK=bk, BV=bv, num_warps=warps)
 
 
+def launch_config(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, out, scale,
+                  softplus_threshold, config=None):
+    """(grid, args, kwargs) of the kernel launch for these tensors: built in one place for the
+    launcher and for the ahead-of-time compile check (benchmarks/triton_compile.py)."""
+    B = mixed_qkv.shape[0]
+    block_num, Hv, V, K = state_ref.shape
+    H = (mixed_qkv.shape[1] - Hv * V) // (2 * K)
+    cfg = config or tile_config(K, V, state_ref.dtype)
+    grid = (B * Hv, triton.cdiv(V, cfg.BV))
+    args = (
+        mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, out,
+        float(scale), float(softplus_threshold), block_num,
+        mixed_qkv.stride(0), mixed_qkv.stride(1),
+        a.stride(0), a.stride(1),
+        b.stride(0), b.stride(1),
+        a_log.stride(0), dt_bias.stride(0), ssm_state_indices.stride(0),
+    )
+    kwargs = dict(
+        H=H, HV=Hv, K=K, V=V, BK=cfg.BK, BV=cfg.BV,
+        STATE_BF16=state_ref.dtype == torch.bfloat16, OUT_BF16=out.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=1,
+        # Stated, not left to Triton's default: 3.9 warns that the default turns off in 3.10.
+        enable_fp_fusion=True,
+    )
+    return grid, args, kwargs
+
+
 def fused_gdn_decode_triton(
     mixed_qkv: torch.Tensor,
     a: torch.Tensor,
@@ -175,20 +210,12 @@ def fused_gdn_decode_triton(
     the tile table (used by the GPU sweep). Returns out [B, 1, Hv, V] in mixed_qkv's dtype.
     """
     B = mixed_qkv.shape[0]
-    block_num, Hv, V, K = state_ref.shape
-    H = (mixed_qkv.shape[1] - Hv * V) // (2 * K)
-    cfg = config or tile_config(K, V, state_ref.dtype)
+    _, Hv, V, _ = state_ref.shape
     out = torch.empty((B, 1, Hv, V), dtype=mixed_qkv.dtype, device=mixed_qkv.device)
-    grid = (B * Hv, triton.cdiv(V, cfg.BV))
-    _jitted(_interpret_mode())[grid](
-        mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, out,
-        float(scale), float(softplus_threshold), block_num,
-        mixed_qkv.stride(0), mixed_qkv.stride(1),
-        a.stride(0), a.stride(1),
-        b.stride(0), b.stride(1),
-        a_log.stride(0), dt_bias.stride(0), ssm_state_indices.stride(0),
-        H=H, HV=Hv, K=K, V=V, BK=cfg.BK, BV=cfg.BV,
-        STATE_BF16=state_ref.dtype == torch.bfloat16, OUT_BF16=out.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=1,
-    )
+    grid, args, kwargs = launch_config(mixed_qkv, a, b, a_log, dt_bias, state_ref,
+                                       ssm_state_indices, out, scale, softplus_threshold, config)
+    # Triton launches on the current device and its current stream: make them the tensors'.
+    device = mixed_qkv.device
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        _jitted(_interpret_mode())[grid](*args, **kwargs)
     return out

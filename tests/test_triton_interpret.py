@@ -17,12 +17,15 @@ from custom_ops import triton_kernel as tk  # noqa: E402
 from custom_ops.testing import (  # noqa: E402
     DTYPE_PAIR_IDS,
     DTYPE_PAIRS,
+    VALUE_PLACES,
     Case,
+    assert_close,
     call,
     check_against_reference,
     clone_inputs,
     make_inputs,
     short,
+    with_value_at,
 )
 
 OVERLOAD = torch.ops.custom.npu_fused_gdn_decode.default
@@ -150,3 +153,41 @@ def test_state_rounds_to_nearest_even(state_dtype):
     out, out_ref = call(cuda_entry, ours), call(fused_gdn_decode_reference, ref)
     same_out = (out == out_ref).float().mean().item()
     assert same_out > 0.9, f"only {same_out:.1%} of out matches the reference bit for bit"
+
+
+NONFINITE = [float("nan"), float("inf"), float("-inf")]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, inside the interpreter, on inf/NaN
+@pytest.mark.parametrize("value", NONFINITE, ids=str)
+@pytest.mark.parametrize("place", VALUE_PLACES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=short)
+def test_nan_and_inf_like_the_reference(state_dtype, place, value):
+    # NaN and +-Inf in out and in the whole state exactly where the reference has them (the
+    # finite rest within tolerance). K = 136 leaves 120 padded lanes in the kernel's 256-wide
+    # rows. q = k makes every term of out = S q the same sign, so an Inf reaching out stays an Inf
+    # in the reference instead of turning into NaN by cancellation.
+    H, K = 1, 136
+    x = make_inputs(Case(B=2, H=H, Hv=2, K=K, V=16, state_dtype=state_dtype,
+                         dtype=torch.bfloat16, seed=11))
+    x["mixed_qkv"][:, :H * K] = x["mixed_qkv"][:, H * K:2 * H * K]
+    y = with_value_at(x, place, value)
+    ours, ref = clone_inputs(y), clone_inputs(y)
+    out = call(cuda_entry, ours)
+    out_ref = call(fused_gdn_decode_reference, ref)
+    assert_close(out, out_ref, "out", equal_nan=True)
+    assert_close(ours["state_ref"], ref["state_ref"], "state", equal_nan=True)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_inf_in_v_stays_inf_with_padded_k():
+    # The case behind the test above's v rows, spelled out: the reference gives +Inf; zero-padded
+    # K lanes computing inf * 0 would give NaN.
+    H, K = 1, 136
+    x = make_inputs(Case(B=2, H=H, Hv=2, K=K, V=8, seed=3))
+    x["mixed_qkv"][:, :2 * H * K] = 1.0
+    x["mixed_qkv"][0, 2 * H * K] = float("inf")
+    ours, ref = clone_inputs(x), clone_inputs(x)
+    out, out_ref = call(cuda_entry, ours), call(fused_gdn_decode_reference, ref)
+    assert out_ref[0, 0, 0, 0] == float("inf")
+    assert_close(out, out_ref, "out", equal_nan=True)
