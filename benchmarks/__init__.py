@@ -6,6 +6,8 @@
     python -m benchmarks.triton_compile   the Triton kernel compiled for sm_80/sm_90 without a GPU:
                                           registers and spills per configuration
     python benchmarks/npu_vs_cpu.py       the NPU binding against the CPU op (Ascend host)
+    python -m benchmarks.transformers_decode  decode tokens/s of a Qwen3-Next-shaped transformers
+                                          model, stock vs custom_ops.integrations.transformers
 
 ``benchmarks.cuda`` holds the CUDA timing (Triton kernel, FLA, compiled reference, copy). Inputs
 and tolerances come from ``custom_ops.testing``, as in the tests.
