@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -189,29 +191,59 @@ GdnDims check_fused_gdn_decode_inputs(
   return d;
 }
 
-void check_slot_indices(const at::Tensor& indices, int64_t block_num) {
-  TORCH_INTERNAL_ASSERT(indices.device().is_cpu() && indices.scalar_type() == at::kInt);
-  const int32_t* idx = indices.const_data_ptr<int32_t>();
+std::unique_ptr<int32_t[]> read_slot_indices(const at::Tensor& indices) {
+  TORCH_CHECK(indices.device().is_cpu() && indices.scalar_type() == at::kInt && indices.dim() == 1,
+              "read_slot_indices: expected 1-D CPU int32 indices, got ", indices.sizes(), " ",
+              indices.scalar_type(), " on ", indices.device());
   const int64_t n = indices.size(0);
   const int64_t stride = indices.stride(0);
-  std::vector<std::pair<int32_t, int64_t>> used;  // (slot, row) of the valid rows
-  used.reserve(n);
+  const auto* base = static_cast<const char*>(indices.const_data_ptr());
+  auto slots = std::make_unique_for_overwrite<int32_t[]>(n);
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t s = idx[i * stride];
+    // memcpy: no alignment assumed (the helper op takes any CPU int32 tensor).
+    std::memcpy(&slots[i], base + i * stride * int64_t{sizeof(int32_t)}, sizeof(int32_t));
+  }
+  return slots;
+}
+
+void check_slot_indices(const int32_t* slots, int64_t n, int64_t block_num) {
+  int64_t num_valid = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t s = slots[i];
     if (s <= 0) {
       continue;  // invalid row (slot 0 is the null slot)
     }
     TORCH_CHECK_VALUE(s < block_num, kOp, "ssm_state_indices[", i, "] = ", s,
                       " is out of range: valid slots must be < BlockNum = ", block_num,
                       " (indices <= 0 mark invalid rows)");
-    used.emplace_back(s, i);
+    ++num_valid;
+  }
+  // Memory for the duplicate search follows the valid rows, not B: a batch of 2^31 - 1 invalid
+  // rows allocates nothing here.
+  std::vector<int32_t> used;
+  used.reserve(num_valid);
+  for (int64_t i = 0; i < n; ++i) {
+    if (slots[i] > 0) {
+      used.push_back(slots[i]);
+    }
   }
   std::sort(used.begin(), used.end());
-  for (size_t j = 1; j < used.size(); ++j) {
-    TORCH_CHECK_VALUE(used[j].first != used[j - 1].first, kOp, "ssm_state_indices must not repeat "
-                      "a positive slot, but slot ", used[j].first, " is used by rows ",
-                      used[j - 1].second, " and ", used[j].second);
+  const auto repeated = std::adjacent_find(used.begin(), used.end());
+  if (repeated == used.end()) {
+    return;
   }
+  int64_t rows[2] = {-1, -1};
+  for (int64_t i = 0, found = 0; i < n && found < 2; ++i) {
+    if (slots[i] == *repeated) {
+      rows[found++] = i;
+    }
+  }
+  TORCH_CHECK_VALUE(false, kOp, "ssm_state_indices must not repeat a positive slot, but slot ",
+                    *repeated, " is used by rows ", rows[0], " and ", rows[1]);
+}
+
+void check_slot_indices(const at::Tensor& indices, int64_t block_num) {
+  check_slot_indices(read_slot_indices(indices).get(), indices.size(0), block_num);
 }
 
 } // namespace custom_ops
