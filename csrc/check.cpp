@@ -42,12 +42,69 @@ std::string dtype_name(at::ScalarType t) {
       return "torch.int64";
     case at::kShort:
       return "torch.int16";
+    case at::kChar:
+      return "torch.int8";
+    case at::kByte:
+      return "torch.uint8";
+    case at::kComplexHalf:
+      return "torch.complex32";
+    case at::kComplexFloat:
+      return "torch.complex64";
+    case at::kComplexDouble:
+      return "torch.complex128";
     default: {
       std::string name = c10::toString(t);
       std::transform(name.begin(), name.end(), name.begin(), ::tolower);
       return "torch." + name;
     }
   }
+}
+
+// Python spelling of a layout ("torch.sparse_coo").
+std::string layout_name(at::Layout layout) {
+  switch (layout) {
+    case at::kStrided:
+      return "torch.strided";
+    case at::kSparse:
+      return "torch.sparse_coo";
+    case at::kSparseCsr:
+      return "torch.sparse_csr";
+    case at::kSparseCsc:
+      return "torch.sparse_csc";
+    case at::kSparseBsr:
+      return "torch.sparse_bsr";
+    case at::kSparseBsc:
+      return "torch.sparse_bsc";
+    case at::kMkldnn:
+      return "torch._mkldnn";
+    case at::kJagged:
+      return "torch.jagged";
+    default:
+      return c10::str(layout);
+  }
+}
+
+// Only plain dense tensors: the kernels read raw strided memory. None arrives as an undefined
+// tensor; sparse, mkldnn and nested tensors would otherwise fail deep inside a backend.
+void check_dense(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_TYPE(t.defined(), kOp, name, " must be a tensor, but got None");
+  TORCH_CHECK_TYPE(!t.is_nested(), kOp, name,
+                   " must be a dense (torch.strided) tensor, but got a nested tensor");
+  TORCH_CHECK_TYPE(t.layout() == at::kStrided, kOp, name,
+                   " must be a dense (torch.strided) tensor, but got layout ",
+                   layout_name(t.layout()));
+}
+
+// Every kernel loads whole elements; an address that is not a multiple of the element size
+// (torch.frombuffer with an odd offset) is undefined behaviour on CPU and a fault on devices.
+void check_aligned(const at::Tensor& t, const char* name) {
+  if (t.is_meta() || !t.has_storage()) {
+    return;  // no data (FakeTensor, torch.compile tracing)
+  }
+  const auto address = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  TORCH_CHECK_VALUE(
+      address % t.element_size() == 0, kOp, name, " must be aligned to its element size (",
+      t.element_size(), " bytes), but its data starts at address ", t.const_data_ptr());
 }
 
 void check_rank(const at::Tensor& t, const char* name, int64_t rank, const char* layout) {
@@ -94,12 +151,17 @@ GdnDims check_fused_gdn_decode_inputs(
     const at::Tensor& ssm_state_indices,
     double scale,
     double softplus_threshold) {
+  const std::pair<const at::Tensor*, const char*> all[] = {
+      {&mixed_qkv, "mixed_qkv"}, {&a, "a"}, {&b, "b"}, {&a_log, "a_log"},
+      {&dt_bias, "dt_bias"}, {&state_ref, "state_ref"},
+      {&ssm_state_indices, "ssm_state_indices"}};
+  for (const auto& [t, name] : all) {
+    check_dense(*t, name);
+  }
+
   // Devices: everything on mixed_qkv's device.
   const auto device = mixed_qkv.device();
-  const std::pair<const at::Tensor*, const char*> others[] = {
-      {&a, "a"}, {&b, "b"}, {&a_log, "a_log"}, {&dt_bias, "dt_bias"},
-      {&state_ref, "state_ref"}, {&ssm_state_indices, "ssm_state_indices"}};
-  for (const auto& [t, name] : others) {
+  for (const auto& [t, name] : all) {
     TORCH_CHECK_VALUE(t->device() == device, kOp, "all tensors must be on one device: expected ",
                       name, " on ", device, " (the device of mixed_qkv), but got ", t->device());
   }
@@ -182,6 +244,14 @@ GdnDims check_fused_gdn_decode_inputs(
   check_shape(dt_bias, "dt_bias", {d.num_v_heads}, "(Hv,)");
   check_shape(ssm_state_indices, "ssm_state_indices", {d.batch}, "(B,)");
 
+  for (const auto& [t, name] : all) {
+    check_aligned(*t, name);
+  }
+  // A negative view's memory holds -state: the kernels would update the stored values as if they
+  // were the state. (PyTorch's fallback for such views runs the op on a copy, then fails.)
+  TORCH_CHECK_VALUE(!state_ref.is_neg(), kOp, "state_ref must not be a negative view "
+                    "(torch._neg_view): it is updated in place, but got a tensor with the "
+                    "negative bit set; pass the tensor it views");
   TORCH_CHECK_VALUE(state_ref.is_contiguous(), kOp,
                     "state_ref must be contiguous (it is updated in place), but got strides ",
                     state_ref.sym_strides(), " for shape ", state_ref.sym_sizes());
