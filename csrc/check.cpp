@@ -5,9 +5,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include <c10/util/Exception.h>
 
@@ -261,19 +261,23 @@ GdnDims check_fused_gdn_decode_inputs(
   return d;
 }
 
-std::unique_ptr<int32_t[]> read_slot_indices(const at::Tensor& indices) {
+SlotSnapshot::SlotSnapshot(const at::Tensor& indices) {
   TORCH_CHECK(indices.device().is_cpu() && indices.scalar_type() == at::kInt && indices.dim() == 1,
-              "read_slot_indices: expected 1-D CPU int32 indices, got ", indices.sizes(), " ",
+              "SlotSnapshot: expected 1-D CPU int32 indices, got ", indices.sizes(), " ",
               indices.scalar_type(), " on ", indices.device());
-  const int64_t n = indices.size(0);
+  size_ = indices.size(0);
+  if (size_ <= static_cast<int64_t>(std::size(inline_))) {
+    data_ = inline_;
+  } else {
+    heap_ = std::make_unique_for_overwrite<int32_t[]>(size_);
+    data_ = heap_.get();
+  }
   const int64_t stride = indices.stride(0);
   const auto* base = static_cast<const char*>(indices.const_data_ptr());
-  auto slots = std::make_unique_for_overwrite<int32_t[]>(n);
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < size_; ++i) {
     // memcpy: no alignment assumed (the helper op takes any CPU int32 tensor).
-    std::memcpy(&slots[i], base + i * stride * int64_t{sizeof(int32_t)}, sizeof(int32_t));
+    std::memcpy(&data_[i], base + i * stride * int64_t{sizeof(int32_t)}, sizeof(int32_t));
   }
-  return slots;
 }
 
 void check_slot_indices(const int32_t* slots, int64_t n, int64_t block_num) {
@@ -288,18 +292,27 @@ void check_slot_indices(const int32_t* slots, int64_t n, int64_t block_num) {
                       " (indices <= 0 mark invalid rows)");
     ++num_valid;
   }
-  // Memory for the duplicate search follows the valid rows, not B: a batch of 2^31 - 1 invalid
-  // rows allocates nothing here.
-  std::vector<int32_t> used;
-  used.reserve(num_valid);
+  if (num_valid < 2) {
+    return;
+  }
+  // The duplicate search sorts the valid slots: memory follows the valid rows, not B (a batch of
+  // 2^31 - 1 invalid rows allocates nothing), and none up to 64 of them.
+  int32_t inline_used[64];
+  std::unique_ptr<int32_t[]> heap_used;
+  int32_t* used = inline_used;
+  if (num_valid > static_cast<int64_t>(std::size(inline_used))) {
+    heap_used = std::make_unique_for_overwrite<int32_t[]>(num_valid);
+    used = heap_used.get();
+  }
+  int64_t m = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (slots[i] > 0) {
-      used.push_back(slots[i]);
+      used[m++] = slots[i];
     }
   }
-  std::sort(used.begin(), used.end());
-  const auto repeated = std::adjacent_find(used.begin(), used.end());
-  if (repeated == used.end()) {
+  std::sort(used, used + m);
+  const int32_t* repeated = std::adjacent_find(used, used + m);
+  if (repeated == used + m) {
     return;
   }
   int64_t rows[2] = {-1, -1};
@@ -313,7 +326,8 @@ void check_slot_indices(const int32_t* slots, int64_t n, int64_t block_num) {
 }
 
 void check_slot_indices(const at::Tensor& indices, int64_t block_num) {
-  check_slot_indices(read_slot_indices(indices).get(), indices.size(0), block_num);
+  const SlotSnapshot slots(indices);
+  check_slot_indices(slots.data(), slots.size(), block_num);
 }
 
 } // namespace custom_ops

@@ -175,8 +175,8 @@ at::Tensor npu_fused_gdn_decode_cpu(
   // The indices are read once: the slot check and the kernel both use this snapshot, so a write
   // to ssm_state_indices during the call (another thread; or this call's own state update when
   // the indices live inside state_ref) cannot hand the kernel a slot the check never saw.
-  const auto slots = read_slot_indices(ssm_state_indices);
-  check_slot_indices(slots.get(), B, d.block_num.expect_int());
+  const SlotSnapshot slots(ssm_state_indices);
+  check_slot_indices(slots.data(), B, d.block_num.expect_int());
 
   at::Tensor out = at::empty({B, 1, Hv, V}, mixed_qkv.options());
   GdnParams p;
@@ -199,7 +199,7 @@ at::Tensor npu_fused_gdn_decode_cpu(
   p.dt_bias = dt_bias.const_data_ptr();
   p.dt_bias_stride = dt_bias.stride(0);
   p.state = state_ref.data_ptr();
-  p.indices = slots.get();
+  p.indices = slots.data();
   p.indices_stride = 1;
   p.out = out.data_ptr();
   p.scale = static_cast<float>(scale);
