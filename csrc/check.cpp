@@ -77,19 +77,16 @@ std::string layout_name(at::Layout layout) {
       return "torch.sparse_bsc";
     case at::kMkldnn:
       return "torch._mkldnn";
-    case at::kJagged:
-      return "torch.jagged";
     default:
       return c10::str(layout);
   }
 }
 
 // Only plain dense tensors: the kernels read raw strided memory. None arrives as an undefined
-// tensor; sparse, mkldnn and nested tensors would otherwise fail deep inside a backend.
+// tensor; sparse and mkldnn tensors reach the Python backends (no kernel of their own) and would
+// fail deep inside the reference. (Nested tensors never get here: PyTorch finds no kernel.)
 void check_dense(const at::Tensor& t, const char* name) {
   TORCH_CHECK_TYPE(t.defined(), kOp, name, " must be a tensor, but got None");
-  TORCH_CHECK_TYPE(!t.is_nested(), kOp, name,
-                   " must be a dense (torch.strided) tensor, but got a nested tensor");
   TORCH_CHECK_TYPE(t.layout() == at::kStrided, kOp, name,
                    " must be a dense (torch.strided) tensor, but got layout ",
                    layout_name(t.layout()));

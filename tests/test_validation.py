@@ -159,8 +159,8 @@ def _tensor_kind_rows():
         rows.append(Rejection(f"mkldnn-{name}", replaced(name, lambda x, n=name: x[
             n].to_mkldnn()), TypeError, f"{name} {dense} torch._mkldnn", needs="kind"))
     for name, expected in (("a_log", "a_log must have dtype torch.float32"),
-                           ("state_ref", "state_ref must have dtype torch.float32 or "
-                            "torch.bfloat16 (the dtype of mixed_qkv)")):
+                           ("state_ref", ("state_ref must have dtype torch.float32 or "
+                                          "torch.bfloat16 (the dtype of mixed_qkv)"))):
         rows.append(Rejection(f"quantized-{name}", replaced(name, lambda x, n=name: (
             torch.quantize_per_tensor(x[n].float(), 0.1, 0, torch.qint8))), TypeError,
             f"{expected}, but got torch.qint8", needs="kind"))
