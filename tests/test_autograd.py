@@ -150,3 +150,38 @@ def test_compile_with_grad_raises_not_differentiable():
     fn = torch.compile(lambda *a: OP(*a), backend="aot_eager")
     with pytest.raises(RuntimeError, match=NOT_DIFFERENTIABLE):
         fn(*args(x))
+
+
+class DecodeStep(torch.nn.Module):
+    """A model layer's view of the op: a_log and dt_bias are parameters (they require grad)."""
+
+    def __init__(self, a_log, dt_bias):
+        super().__init__()
+        self.a_log = torch.nn.Parameter(a_log.clone())
+        self.dt_bias = torch.nn.Parameter(dt_bias.clone())
+
+    def forward(self, mixed_qkv, a, b, state_ref, ssm_state_indices):
+        return torch.ops.custom.npu_fused_gdn_decode(
+            mixed_qkv, a, b, self.a_log, self.dt_bias, state_ref, ssm_state_indices, 0.125)
+
+
+@pytest.mark.parametrize("how", ["export", "jit.trace", "jit.script"])
+def test_exported_and_scripted_layer_equals_eager(how):
+    x = inputs()
+    layer = DecodeStep(x["a_log"], x["dt_bias"])
+
+    def step_args(st):
+        return x["mixed_qkv"], x["a"], x["b"], st, x["ssm_state_indices"]
+
+    with torch.no_grad():
+        if how == "export":
+            graph = torch.export.export(layer, step_args(x["state_ref"].clone())).module()
+        elif how == "jit.trace":
+            graph = torch.jit.trace(layer, step_args(x["state_ref"].clone()))
+        else:
+            graph = torch.jit.script(layer)
+        st_eager, st_graph = x["state_ref"].clone(), x["state_ref"].clone()
+        out_eager = layer(*step_args(st_eager))
+        out_graph = graph(*step_args(st_graph))
+    assert torch.equal(out_graph, out_eager)
+    assert torch.equal(st_graph, st_eager) and not torch.equal(st_eager, x["state_ref"])
