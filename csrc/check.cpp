@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <cstring>
+#include <iterator>
+#include <memory>
 #include <string>
-#include <vector>
 
 #include <c10/util/Exception.h>
 
@@ -42,12 +44,66 @@ std::string dtype_name(at::ScalarType t) {
       return "torch.int64";
     case at::kShort:
       return "torch.int16";
+    case at::kChar:
+      return "torch.int8";
+    case at::kByte:
+      return "torch.uint8";
+    case at::kComplexHalf:
+      return "torch.complex32";
+    case at::kComplexFloat:
+      return "torch.complex64";
+    case at::kComplexDouble:
+      return "torch.complex128";
     default: {
       std::string name = c10::toString(t);
       std::transform(name.begin(), name.end(), name.begin(), ::tolower);
       return "torch." + name;
     }
   }
+}
+
+// Python spelling of a layout ("torch.sparse_coo").
+std::string layout_name(at::Layout layout) {
+  switch (layout) {
+    case at::kStrided:
+      return "torch.strided";
+    case at::kSparse:
+      return "torch.sparse_coo";
+    case at::kSparseCsr:
+      return "torch.sparse_csr";
+    case at::kSparseCsc:
+      return "torch.sparse_csc";
+    case at::kSparseBsr:
+      return "torch.sparse_bsr";
+    case at::kSparseBsc:
+      return "torch.sparse_bsc";
+    case at::kMkldnn:
+      return "torch._mkldnn";
+    default:
+      return c10::str(layout);
+  }
+}
+
+// Only plain dense tensors: the kernels read raw strided memory. None arrives as an undefined
+// tensor; sparse and mkldnn tensors reach the Python backends (no kernel of their own) and would
+// fail deep inside the reference. (Nested tensors never get here: PyTorch finds no kernel.)
+void check_dense(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_TYPE(t.defined(), kOp, name, " must be a tensor, but got None");
+  TORCH_CHECK_TYPE(t.layout() == at::kStrided, kOp, name,
+                   " must be a dense (torch.strided) tensor, but got layout ",
+                   layout_name(t.layout()));
+}
+
+// Every kernel loads whole elements; an address that is not a multiple of the element size
+// (torch.frombuffer with an odd offset) is undefined behaviour on CPU and a fault on devices.
+void check_aligned(const at::Tensor& t, const char* name) {
+  if (t.is_meta() || !t.has_storage()) {
+    return;  // no data (FakeTensor, torch.compile tracing)
+  }
+  const auto address = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  TORCH_CHECK_VALUE(
+      address % t.element_size() == 0, kOp, name, " must be aligned to its element size (",
+      t.element_size(), " bytes), but its data starts at address ", t.const_data_ptr());
 }
 
 void check_rank(const at::Tensor& t, const char* name, int64_t rank, const char* layout) {
@@ -106,12 +162,17 @@ GdnDims check_fused_gdn_decode_inputs(
     const at::Tensor& ssm_state_indices,
     double scale,
     double softplus_threshold) {
+  const std::pair<const at::Tensor*, const char*> all[] = {
+      {&mixed_qkv, "mixed_qkv"}, {&a, "a"}, {&b, "b"}, {&a_log, "a_log"},
+      {&dt_bias, "dt_bias"}, {&state_ref, "state_ref"},
+      {&ssm_state_indices, "ssm_state_indices"}};
+  for (const auto& [t, name] : all) {
+    check_dense(*t, name);
+  }
+
   // Devices: everything on mixed_qkv's device.
   const auto device = mixed_qkv.device();
-  const std::pair<const at::Tensor*, const char*> others[] = {
-      {&a, "a"}, {&b, "b"}, {&a_log, "a_log"}, {&dt_bias, "dt_bias"},
-      {&state_ref, "state_ref"}, {&ssm_state_indices, "ssm_state_indices"}};
-  for (const auto& [t, name] : others) {
+  for (const auto& [t, name] : all) {
     TORCH_CHECK_VALUE(t->device() == device, kOp, "all tensors must be on one device: expected ",
                       name, " on ", device, " (the device of mixed_qkv), but got ", t->device());
   }
@@ -194,6 +255,14 @@ GdnDims check_fused_gdn_decode_inputs(
   check_shape(dt_bias, "dt_bias", {d.num_v_heads}, "(Hv,)");
   check_shape(ssm_state_indices, "ssm_state_indices", {d.batch}, "(B,)");
 
+  for (const auto& [t, name] : all) {
+    check_aligned(*t, name);
+  }
+  // A negative view's memory holds -state: the kernels would update the stored values as if they
+  // were the state. (PyTorch's fallback for such views runs the op on a copy, then fails.)
+  TORCH_CHECK_VALUE(!state_ref.is_neg(), kOp, "state_ref must not be a negative view "
+                    "(torch._neg_view): it is updated in place, but got a tensor with the "
+                    "negative bit set; pass the tensor it views");
   TORCH_CHECK_VALUE(state_ref.is_contiguous(), kOp,
                     "state_ref must be contiguous (it is updated in place), but got strides ",
                     state_ref.sym_strides(), " for shape ", state_ref.sym_sizes());
@@ -202,29 +271,73 @@ GdnDims check_fused_gdn_decode_inputs(
   return d;
 }
 
-void check_slot_indices(const at::Tensor& indices, int64_t block_num) {
-  TORCH_INTERNAL_ASSERT(indices.device().is_cpu() && indices.scalar_type() == at::kInt);
-  const int32_t* idx = indices.const_data_ptr<int32_t>();
-  const int64_t n = indices.size(0);
+SlotSnapshot::SlotSnapshot(const at::Tensor& indices) {
+  TORCH_CHECK(indices.device().is_cpu() && indices.scalar_type() == at::kInt && indices.dim() == 1,
+              "SlotSnapshot: expected 1-D CPU int32 indices, got ", indices.sizes(), " ",
+              indices.scalar_type(), " on ", indices.device());
+  size_ = indices.size(0);
+  if (size_ <= static_cast<int64_t>(std::size(inline_))) {
+    data_ = inline_;
+  } else {
+    heap_ = std::make_unique_for_overwrite<int32_t[]>(size_);
+    data_ = heap_.get();
+  }
   const int64_t stride = indices.stride(0);
-  std::vector<std::pair<int32_t, int64_t>> used;  // (slot, row) of the valid rows
-  used.reserve(n);
+  const auto* base = static_cast<const char*>(indices.const_data_ptr());
+  for (int64_t i = 0; i < size_; ++i) {
+    // memcpy: no alignment assumed (the helper op takes any CPU int32 tensor).
+    std::memcpy(&data_[i], base + i * stride * int64_t{sizeof(int32_t)}, sizeof(int32_t));
+  }
+}
+
+void check_slot_indices(const int32_t* slots, int64_t n, int64_t block_num) {
+  int64_t num_valid = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t s = idx[i * stride];
+    const int32_t s = slots[i];
     if (s <= 0) {
       continue;  // invalid row (slot 0 is the null slot)
     }
     TORCH_CHECK_VALUE(s < block_num, kOp, "ssm_state_indices[", i, "] = ", s,
                       " is out of range: valid slots must be < BlockNum = ", block_num,
                       " (indices <= 0 mark invalid rows)");
-    used.emplace_back(s, i);
+    ++num_valid;
   }
-  std::sort(used.begin(), used.end());
-  for (size_t j = 1; j < used.size(); ++j) {
-    TORCH_CHECK_VALUE(used[j].first != used[j - 1].first, kOp, "ssm_state_indices must not repeat "
-                      "a positive slot, but slot ", used[j].first, " is used by rows ",
-                      used[j - 1].second, " and ", used[j].second);
+  if (num_valid < 2) {
+    return;
   }
+  // The duplicate search sorts the valid slots: memory follows the valid rows, not B (a batch of
+  // 2^31 - 1 invalid rows allocates nothing), and none up to 64 of them.
+  int32_t inline_used[64];
+  std::unique_ptr<int32_t[]> heap_used;
+  int32_t* used = inline_used;
+  if (num_valid > static_cast<int64_t>(std::size(inline_used))) {
+    heap_used = std::make_unique_for_overwrite<int32_t[]>(num_valid);
+    used = heap_used.get();
+  }
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (slots[i] > 0) {
+      used[m++] = slots[i];
+    }
+  }
+  std::sort(used, used + m);
+  const int32_t* repeated = std::adjacent_find(used, used + m);
+  if (repeated == used + m) {
+    return;
+  }
+  int64_t rows[2] = {-1, -1};
+  for (int64_t i = 0, found = 0; i < n && found < 2; ++i) {
+    if (slots[i] == *repeated) {
+      rows[found++] = i;
+    }
+  }
+  TORCH_CHECK_VALUE(false, kOp, "ssm_state_indices must not repeat a positive slot, but slot ",
+                    *repeated, " is used by rows ", rows[0], " and ", rows[1]);
+}
+
+void check_slot_indices(const at::Tensor& indices, int64_t block_num) {
+  const SlotSnapshot slots(indices);
+  check_slot_indices(slots.data(), slots.size(), block_num);
 }
 
 } // namespace custom_ops

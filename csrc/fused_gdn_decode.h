@@ -5,6 +5,9 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/SymInt.h>
 
+#include <cstdint>
+#include <memory>
+
 namespace custom_ops {
 
 // The drop-in schema of the vendor's torch_ops_extension (SPEC.md); declared once in ops.cpp.
@@ -37,8 +40,28 @@ GdnDims check_fused_gdn_decode_inputs(
     double scale,
     double softplus_threshold);
 
-// Host-side slot check (needs the index values): every index < BlockNum, positive ones distinct.
-// The CPU path always runs it; device backends only behind their debug switch.
+// The slot values, read once into host memory (4 bytes a row; no allocation up to 64 rows). The
+// CPU op checks and runs on this copy, so nothing that writes ssm_state_indices during the call
+// (another thread, or the call's own state update when the indices live inside state_ref) can
+// reach the kernel unchecked.
+class SlotSnapshot {
+ public:
+  explicit SlotSnapshot(const at::Tensor& ssm_state_indices_cpu);
+  SlotSnapshot(const SlotSnapshot&) = delete;
+  SlotSnapshot& operator=(const SlotSnapshot&) = delete;
+  const int32_t* data() const { return data_; }
+  int64_t size() const { return size_; }
+
+ private:
+  int32_t inline_[64];
+  std::unique_ptr<int32_t[]> heap_;
+  int32_t* data_;
+  int64_t size_;
+};
+
+// Host-side slot check: every index < BlockNum, positive ones distinct. The CPU path always runs
+// it; device backends only behind their debug switch.
+void check_slot_indices(const int32_t* slots, int64_t n, int64_t block_num);
 void check_slot_indices(const at::Tensor& ssm_state_indices_cpu, int64_t block_num);
 
 } // namespace custom_ops

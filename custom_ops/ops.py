@@ -37,8 +37,10 @@ def fused_gdn_decode(
         out: [B, 1, Hv, V], contiguous, mixed_qkv's dtype.
 
     Raises:
-        TypeError: a dtype outside the accepted table.
-        ValueError: a bad shape, size, device, stride or index, naming the argument.
+        TypeError: None for a tensor, a sparse/mkldnn tensor, or a dtype outside the table.
+        ValueError: a bad shape, size, device, stride, alignment or index, naming the argument.
+        RuntimeError: autograd misuse, as for a native in-place op (docs/bad_input.md): the op is
+            not differentiable; call it under torch.no_grad() or torch.inference_mode().
 
     Example:
         >>> import torch, custom_ops

@@ -25,9 +25,6 @@ RANK = {"mixed_qkv": 2, "a": 2, "b": 2, "a_log": 1, "dt_bias": 1, "state_ref": 4
         "ssm_state_indices": 1}
 ALL_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
               torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64]
-# Dtypes the message spells as Python does (the others by their C++ names).
-PY_SPELLED = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
-              torch.int32, torch.int16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +35,8 @@ class Rejection:
     fragment: str  # part of the message, naming the argument
     case: Case = BASE
     # "values": needs the index values (Meta/FakeTensor cannot see them);
-    # "devices": tensors on two devices (meta tensors and FakeTensor put all on one).
+    # "devices": tensors on two devices (meta tensors and FakeTensor put all on one);
+    # "kind": a layout, view bit or address that meta tensors and FakeTensor do not keep.
     needs: str = ""
 
 
@@ -86,7 +84,7 @@ def _dtype_rows():
         for dt in ALL_DTYPES:
             if dt in allowed[name]:
                 continue
-            msg = expected[name] + (f", but got {dt}" if dt in PY_SPELLED else "")
+            msg = f"{expected[name]}, but got {dt}"  # spelled as Python spells it
             if name == "state_ref":
                 change = replaced(name, lambda x, d=dt: state(x, dtype=d))
             else:
@@ -136,7 +134,49 @@ def _indices(id, values, fragment):
         values, dtype=torch.int32)), ValueError, fragment, needs="values")
 
 
-REJECTIONS = _rank_rows() + _dtype_rows() + _empty_rows() + [
+def _misaligned(t):
+    """A copy of t whose data starts one byte past an element boundary (torch.frombuffer)."""
+    buf = bytearray(t.numel() * t.element_size() + 1)
+    out = torch.frombuffer(buf, dtype=t.dtype, offset=1, count=t.numel()).view(t.shape)
+    out.copy_(t)
+    return out
+
+
+def _tensor_kind_rows():
+    """None, layouts other than strided, quantized tensors, negative/conjugate views and
+    misaligned data: each named, not a failure deep inside a backend."""
+    rows = [Rejection(f"none-{name}", replaced(name, lambda x: None), TypeError,
+                      f"{name} must be a tensor, but got None") for name in ARG_NAMES]
+    rows.append(Rejection("none-all", lambda x: dict(x, **dict.fromkeys(ARG_NAMES)), TypeError,
+                          "mixed_qkv must be a tensor, but got None"))
+    dense = "must be a dense (torch.strided) tensor, but got layout"
+    for name in ("mixed_qkv", "a_log", "state_ref", "ssm_state_indices"):
+        rows.append(Rejection(f"sparse_coo-{name}", replaced(name, lambda x, n=name: x[
+            n].to_sparse()), TypeError, f"{name} {dense} torch.sparse_coo", needs="kind"))
+    rows.append(Rejection("sparse_csr-a", replaced("a", lambda x: x["a"].to_sparse_csr()),
+                          TypeError, f"a {dense} torch.sparse_csr", needs="kind"))
+    for name in ("a_log", "state_ref"):  # float32: mkldnn's dtype on every CPU
+        rows.append(Rejection(f"mkldnn-{name}", replaced(name, lambda x, n=name: x[
+            n].to_mkldnn()), TypeError, f"{name} {dense} torch._mkldnn", needs="kind"))
+    for name, expected in (("a_log", "a_log must have dtype torch.float32"),
+                           ("state_ref", ("state_ref must have dtype torch.float32 or "
+                                          "torch.bfloat16 (the dtype of mixed_qkv)"))):
+        rows.append(Rejection(f"quantized-{name}", replaced(name, lambda x, n=name: (
+            torch.quantize_per_tensor(x[n].float(), 0.1, 0, torch.qint8))), TypeError,
+            f"{expected}, but got torch.qint8", needs="kind"))
+    rows.append(Rejection("neg_view-state_ref", replaced("state_ref", lambda x: torch._neg_view(
+        x["state_ref"])), ValueError, "state_ref must not be a negative view", needs="kind"))
+    rows.append(Rejection("conj_view-state_ref", replaced("state_ref", lambda x: x[
+        "state_ref"].to(torch.complex64).conj()), TypeError, "state_ref must have dtype "
+        "torch.float32 or torch.bfloat16 (the dtype of mixed_qkv), but got torch.complex64",
+        needs="kind"))
+    for name in ("mixed_qkv", "a_log", "state_ref", "ssm_state_indices"):
+        rows.append(Rejection(f"misaligned-{name}", replaced(name, lambda x, n=name: _misaligned(
+            x[n])), ValueError, f"{name} must be aligned to its element size", needs="kind"))
+    return rows
+
+
+REJECTIONS = _rank_rows() + _dtype_rows() + _empty_rows() + _tensor_kind_rows() + [
     # UINT32 limits (stride-0 tensors: no memory is allocated)
     Rejection("u32-B", lambda x: dict(
         x, mixed_qkv=expanded((U32, 320), torch.bfloat16), a=expanded((U32, 4), torch.bfloat16),
@@ -280,17 +320,29 @@ def _threshold(x):
     return x.get("softplus_threshold", 20.0)
 
 
+def _state_copy(t):
+    """What a rejected call must leave unchanged: every storage byte of a CPU state_ref (its
+    values for the tensor kinds without plain storage); None where there is nothing to compare."""
+    if not torch.is_tensor(t) or t.device.type != "cpu":
+        return None
+    if t.is_quantized:
+        return t.int_repr()
+    if t.layout != torch.strided:
+        return t.to_dense()
+    return storage_bytes(t)
+
+
 @pytest.mark.parametrize("backend,row", TABLE)
 def test_rejected(backend, row):
     x = row.change(make_inputs(row.case))
     state_ref = x["state_ref"]
-    before = storage_bytes(state_ref) if state_ref.device.type == "cpu" else None
+    before = _state_copy(state_ref)
     with pytest.raises(row.exc) as info:
         BACKENDS[backend](x, _threshold(x))
     msg = str(info.value)
     assert "npu_fused_gdn_decode" in msg and row.fragment in msg, msg
     if before is not None:
-        assert torch.equal(storage_bytes(state_ref), before), "a rejected call changed state_ref"
+        assert torch.equal(_state_copy(state_ref), before), "a rejected call changed state_ref"
     if backend != "cpu":  # the same check, so the same words as the CPU op
         with pytest.raises(row.exc) as cpu:
             _cpu(x, _threshold(x))

@@ -224,7 +224,11 @@ at::Tensor npu_fused_gdn_decode_cpu(
       mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale, softplus_threshold);
   const int64_t B = d.batch.expect_int(), Hv = d.num_v_heads.expect_int();
   const int64_t V = d.head_v.expect_int();
-  check_slot_indices(ssm_state_indices, d.block_num.expect_int());
+  // The indices are read once: the slot check and the kernel both use this snapshot, so a write
+  // to ssm_state_indices during the call (another thread; or this call's own state update when
+  // the indices live inside state_ref) cannot hand the kernel a slot the check never saw.
+  const SlotSnapshot slots(ssm_state_indices);
+  check_slot_indices(slots.data(), B, d.block_num.expect_int());
 
   at::Tensor out = at::empty({B, 1, Hv, V}, mixed_qkv.options());
   GdnParams p;
@@ -247,8 +251,8 @@ at::Tensor npu_fused_gdn_decode_cpu(
   p.dt_bias = dt_bias.const_data_ptr();
   p.dt_bias_stride = dt_bias.stride(0);
   p.state = state_ref.data_ptr();
-  p.indices = ssm_state_indices.const_data_ptr<int32_t>();
-  p.indices_stride = ssm_state_indices.stride(0);
+  p.indices = slots.data();
+  p.indices_stride = 1;
   p.out = out.data_ptr();
   p.scale = static_cast<float>(scale);
   p.softplus_threshold = static_cast<float>(softplus_threshold);
