@@ -171,7 +171,8 @@ inline iVec as_i(const fVec& a) { return _mm256_castps_si256(a); }
 // value), without a shift. Right for every x but NaN.
 inline iVec round_bf16_high_no_nan(const fVec& x) {
   const iVec bits = as_i(x);
-  const iVec tie_even = _mm256_cmpeq_epi32(_mm256_and_si256(bits, i_set1(0x1ffff)), i_set1(0x8000));
+  const iVec low17 = _mm256_and_si256(bits, i_set1(0x1ffff));
+  const iVec tie_even = _mm256_cmpeq_epi32(low17, i_set1(0x8000));  // all ones: subtract 1
   return _mm256_add_epi32(_mm256_add_epi32(bits, i_set1(0x8000)), tie_even);
 }
 // Scalar math: isnan(x) ? 0x7fc0 : round_bf16_high_no_nan(x), in the high half.
