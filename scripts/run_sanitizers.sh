@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds custom_ops with AddressSanitizer + UndefinedBehaviorSanitizer (CUSTOM_OPS_SANITIZE=1) in a
 # scratch copy of this checkout, so the normal in-place build is left alone, and runs the kernel,
-# validation, fuzz, concurrency and long-decode tests against it (SANITIZE_TESTS overrides).
+# validation, index, autograd, fuzz, concurrency and long-decode tests against it (SANITIZE_TESTS
+# overrides).
 # Exits non-zero on a test failure or any sanitizer report.
 #
 #   bash scripts/run_sanitizers.sh [extra pytest args]     (PYTHON=... to pick the interpreter)
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python}
 CXX=${CXX:-c++}
-TESTS=${SANITIZE_TESTS:-"tests/test_correctness.py tests/test_validation.py tests/test_fuzz.py tests/test_concurrency.py tests/test_long_decode.py"}
+TESTS=${SANITIZE_TESTS:-"tests/test_correctness.py tests/test_validation.py tests/test_indices.py tests/test_autograd.py tests/test_fuzz.py tests/test_concurrency.py tests/test_long_decode.py"}
 work=$(mktemp -d "${TMPDIR:-/tmp}/custom_ops_san.XXXXXX")
 logs="$work/sanitizer-logs"
 mkdir -p "$logs"
