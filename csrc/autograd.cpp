@@ -19,6 +19,11 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+
 #include "fused_gdn_decode.h"
 
 namespace custom_ops {
@@ -33,6 +38,23 @@ const c10::TypedOperatorHandle<Signature>& op() {
                                  .findSchemaOrThrow("custom::npu_fused_gdn_decode", "")
                                  .typed<Signature>();
   return handle;
+}
+
+namespace ag = torch::autograd;
+
+// Older torch releases hold autograd nodes by std::shared_ptr, newer ones (2.13 here) by
+// c10::intrusive_ptr; the extension is built against whichever is installed (Ascend hosts pin
+// older ones).
+using NodePtr = decltype(ag::Edge::function);
+
+template <typename Ptr, typename NodeT>
+Ptr make_node(std::string message) {
+  if constexpr (std::is_same_v<Ptr, std::shared_ptr<ag::Node>>) {
+    // deleteNode, as torch's own kernels use: frees long chains of nodes without deep recursion.
+    return Ptr(new NodeT(std::move(message)), [](NodeT* node) { deleteNode(node); });
+  } else {
+    return c10::make_intrusive<NodeT>(std::move(message));
+  }
 }
 
 constexpr const char* kNoBackward =
@@ -51,7 +73,6 @@ at::Tensor npu_fused_gdn_decode_autograd(
     const at::Tensor& ssm_state_indices,
     double scale,
     double softplus_threshold) {
-  namespace ag = torch::autograd;
   const at::Tensor* differentiable[] = {&mixed_qkv, &a, &b, &a_log, &dt_bias, &state_ref};
   for (const at::Tensor* t : differentiable) {
     TORCH_CHECK_NOT_IMPLEMENTED(!ag::isFwGradDefined(*t), kNoBackward, " (forward-mode AD)");
@@ -60,9 +81,9 @@ at::Tensor npu_fused_gdn_decode_autograd(
   if (state_ref.defined()) {
     ag::check_inplace(state_ref, requires_grad);  // the native leaf / view-of-leaf errors
   }
-  c10::intrusive_ptr<ag::Error> grad_fn;
+  NodePtr grad_fn;
   if (requires_grad) {
-    grad_fn = c10::make_intrusive<ag::Error>(kNoBackward);
+    grad_fn = make_node<NodePtr, ag::Error>(kNoBackward);
     grad_fn->set_next_edges(ag::collect_next_edges(mixed_qkv, a, b, a_log, dt_bias, state_ref));
   }
   at::Tensor out;

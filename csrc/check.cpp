@@ -279,7 +279,7 @@ SlotSnapshot::SlotSnapshot(const at::Tensor& indices) {
   if (size_ <= static_cast<int64_t>(std::size(inline_))) {
     data_ = inline_;
   } else {
-    heap_ = std::make_unique_for_overwrite<int32_t[]>(size_);
+    heap_.reset(new int32_t[size_]);  // uninitialised: filled below
     data_ = heap_.get();
   }
   const int64_t stride = indices.stride(0);
@@ -311,7 +311,7 @@ void check_slot_indices(const int32_t* slots, int64_t n, int64_t block_num) {
   std::unique_ptr<int32_t[]> heap_used;
   int32_t* used = inline_used;
   if (num_valid > static_cast<int64_t>(std::size(inline_used))) {
-    heap_used = std::make_unique_for_overwrite<int32_t[]>(num_valid);
+    heap_used.reset(new int32_t[num_valid]);
     used = heap_used.get();
   }
   int64_t m = 0;
