@@ -485,10 +485,13 @@ def run_cuda(args):
         shapes.append((*QWEN3_NEXT, args.head_dim, args.head_dim))
     if args.shapes in ("all", "shards"):
         shapes += [(H, Hv, args.head_dim, args.head_dim) for H, Hv in TP_SHARDS]
-    rows = triton_bench.bench_cuda(
-        batch_sizes=tuple(args.batch), shapes=tuple(shapes),
-        state_dtypes=tuple(DTYPES[s] for s in args.state_dtype), dtype=DTYPES[args.input_dtype],
-        log=(lambda *a: None) if args.no_progress else (lambda *a: print(*a, file=sys.stderr)))
+    # One call per state dtype: a 16-bit state takes inputs of its own dtype (the accepted pairs).
+    rows = []
+    for sd in args.state_dtype:
+        rows += triton_bench.bench_cuda(
+            batch_sizes=tuple(args.batch), shapes=tuple(shapes), state_dtypes=(DTYPES[sd],),
+            dtype=DTYPES[input_dtype_for(sd, args.input_dtype)],
+            log=(lambda *a: None) if args.no_progress else (lambda *a: print(*a, file=sys.stderr)))
     print(f"benchmarks: npu_fused_gdn_decode on cuda ({torch.cuda.get_device_name()}), "
           f"torch {torch.__version__}")
     print(triton_bench.format_table(rows))
