@@ -152,7 +152,9 @@ def kernel_libraries():
             "sources": [os.path.join("csrc", "cpu", f"kernel_{name}.cpp")],
             "include_dirs": [CSRC] + include_paths(),
             "macros": DEFINES,
-            "cflags": CXX_FLAGS + _TORCH_CXX + isa_flags,
+            # No contraction of a * b + c into an FMA behind our back: the variants compute the
+            # same bits only if each fuses exactly where the source says so (kernel_impl.h).
+            "cflags": CXX_FLAGS + _TORCH_CXX + ["-ffp-contract=off"] + isa_flags,
             "obj_deps": {"": deps},
         })
         for name, wanted, isa_flags in KERNEL_VARIANTS if wanted

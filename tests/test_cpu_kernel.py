@@ -1,8 +1,9 @@
 """The CPU kernel's fast paths and its variant choice: row kernels specialised on K against the
-generic one, the AVX512-BF16 variant against AVX-512, bit for bit (NaN, Inf and denormal values
+generic one, and every kernel variant against the others, bit for bit (NaN, Inf and denormal values
 included); state values near float32's maximum; which variant runs by default and how a wrong
 choice is reported."""
 
+import dataclasses
 import os
 import pathlib
 import subprocess
@@ -82,22 +83,59 @@ def test_k_specialised_kernels_match_the_generic_one(isa, K, state_dtype):
     assert fast["state_ref"].isnan().any() and fast["state_ref"].isinf().any()
 
 
-@pytest.mark.parametrize("K", [64, 128, 136])
-@pytest.mark.parametrize("state_dtype", STATE_DTYPES, ids=short)
-def test_avx512bf16_variant_matches_avx512(K, state_dtype):
-    """The AVX512-BF16 variant differs from the AVX-512 one only in how it narrows to bf16
-    (vcvtne2ps2bf16 behind an exact guard): same bits for every input."""
+def _runnable_variants():
+    """The kernel variants this build and CPU run; fewer than two leave nothing to compare."""
     isas = custom_ops.cpu_isas()
-    if "avx512bf16" not in isas:
-        pytest.skip("this build or CPU has no avx512bf16 variant")
-    x = _special_inputs(K, state_dtype)
+    if len(isas) < 2:
+        pytest.skip(f"only {isas} runs here: no second variant to compare with")
+    return isas
+
+
+def _per_variant(x, isas, steps=1):
+    """(out, state) of `steps` calls from the same inputs with each variant."""
     results = {}
-    for name in ("avx512", "avx512bf16"):
+    for name in isas:
         mine = clone_inputs(x)
         with use_cpu_isa(name):
-            results[name] = (call(OP, mine), mine["state_ref"])
-    _assert_same_bits(results["avx512"][0], results["avx512bf16"][0], "out")
-    _assert_same_bits(results["avx512"][1], results["avx512bf16"][1], "state")
+            for _ in range(steps):
+                out = call(OP, mine)
+        results[name] = (out, mine["state_ref"])
+    return results
+
+
+def _assert_variants_agree(results):
+    first, *others = results
+    for name in others:
+        _assert_same_bits(results[name][0], results[first][0], f"out of {name} vs {first}")
+        _assert_same_bits(results[name][1], results[first][1], f"state of {name} vs {first}")
+
+
+@pytest.mark.parametrize("K", [64, 128, 136, 256])
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES, ids=short)
+def test_every_variant_gives_the_same_bits(K, state_dtype):
+    """Portable, AVX2, AVX-512 and AVX512-BF16 (those that run here) give the same bits for every
+    input: NaN, Inf, denormals, values that round to the 16-bit maximum, partial blocks."""
+    isas = _runnable_variants()
+    x = _special_inputs(K, state_dtype)
+    results = _per_variant(x, isas)
+    _assert_variants_agree(results)
+    state = results[isas[0]][1]
+    assert state.isnan().any() and state.isinf().any()
+
+
+@pytest.mark.parametrize("case", [
+    Case(B=5, H=2, Hv=4, K=128, V=128),
+    Case(B=3, H=1, Hv=3, K=96, V=17),
+    Case(B=2, H=2, Hv=2, K=2032, V=5),
+    Case(B=4, H=4, Hv=8, K=64, V=9, layout="strided", invalid_rows=(1,)),
+], ids=lambda c: c.id().replace("-bf16-fp32", ""))
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES, ids=short)
+def test_every_variant_gives_the_same_bits_over_a_decode(case, state_dtype):
+    """Four decode steps of random inputs: the variants' states never drift apart by a bit."""
+    isas = _runnable_variants()
+    dtype = torch.float16 if state_dtype == torch.float16 else torch.bfloat16
+    x = make_inputs(dataclasses.replace(case, dtype=dtype, state_dtype=state_dtype))
+    _assert_variants_agree(_per_variant(x, isas, steps=4))
 
 
 def test_avx512bf16_narrowing_is_exact_for_every_fp32(tmp_path):

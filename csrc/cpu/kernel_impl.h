@@ -1,5 +1,6 @@
 // The fused CPU kernel body. Included once per instruction set by kernel_<isa>.cpp, each compiled
-// with its own CPU_CAPABILITY (see setup.py), so at::vec resolves to that ISA's Vectorized<>.
+// with its own CPU_CAPABILITY and instruction-set flags (see setup.py); vec.h supplies that ISA's
+// blocks, so this file reads as math and computes the same bits for every ISA.
 //
 // Memory-bound: the state is B*Hv*V*K elements and each element is loaded once from memory and
 // stored once. Per state row (K elements) we make two passes that both hit L1: the first computes
@@ -10,8 +11,6 @@
 #include "cpu/vec.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -20,6 +19,7 @@
 #include <cstring>
 #include <memory>
 #include <type_traits>
+#include <utility>
 
 #include "cpu/kernel.h"
 
@@ -30,105 +30,24 @@ namespace custom_ops::cpu {
 namespace CPU_CAPABILITY {
 namespace {
 
-// Elements per vector step: two float vectors, or one vector of 16-bit floats.
-constexpr int64_t kStep = 2 * kF;
-static_assert(Vectorized<c10::BFloat16>::size() == kStep, "16-bit vector must hold 2 float vectors");
-static_assert(Vectorized<c10::Half>::size() == kStep, "16-bit vector must hold 2 float vectors");
 // Below this many state elements a parallel chunk is not worth a thread.
 constexpr int64_t kGrainElements = 1 << 14;
 constexpr float kNormEps = 1e-6f;
 
-// Two float vectors from kStep state elements (or the first n < kStep, the rest read as 0), and
-// back with round-to-nearest-even. store_finite may assume no lane is NaN (the caller has proved
-// it); it must give the same bits as store for such values.
+// The element order StateIo<S>::load produces within one block: order[l] is the memory index of
+// the element in lane l. Found by loading the indices themselves.
 template <typename S>
-struct Io {
-  static inline void load(const S* p, fVec& lo, fVec& hi) {
-    std::tie(lo, hi) = at::vec::convert_to_float<S>(Vectorized<S>::loadu(p));
+void element_order(int64_t order[kBlock]) {
+  S idx[kBlock];
+  for (int64_t e = 0; e < kBlock; ++e) {
+    idx[e] = static_cast<S>(static_cast<float>(e));  // exact: e < 2^8
   }
-  static inline void load(const S* p, int64_t n, fVec& lo, fVec& hi) {
-    std::tie(lo, hi) = at::vec::convert_to_float<S>(Vectorized<S>::loadu(p, n));
-  }
-  static inline void store(S* p, const fVec& lo, const fVec& hi) {
-    at::vec::convert_from_float<S>(lo, hi).store(p);
-  }
-  static inline void store(S* p, int64_t n, const fVec& lo, const fVec& hi) {
-    at::vec::convert_from_float<S>(lo, hi).store(p, n);
-  }
-  static inline void store_finite(S* p, const fVec& lo, const fVec& hi) { store(p, lo, hi); }
-};
-template <>
-struct Io<float> {
-  static inline void load(const float* p, fVec& lo, fVec& hi) {
-    lo = fVec::loadu(p);
-    hi = fVec::loadu(p + kF);
-  }
-  static inline void load(const float* p, int64_t n, fVec& lo, fVec& hi) {
-    lo = fVec::loadu(p, std::min(n, kF));
-    hi = n > kF ? fVec::loadu(p + kF, n - kF) : fVec(0.f);
-  }
-  static inline void store(float* p, const fVec& lo, const fVec& hi) {
-    lo.store(p);
-    hi.store(p + kF);
-  }
-  static inline void store(float* p, int64_t n, const fVec& lo, const fVec& hi) {
-    lo.store(p, std::min(n, kF));
-    if (n > kF) {
-      hi.store(p + kF, n - kF);
-    }
-  }
-  static inline void store_finite(float* p, const fVec& lo, const fVec& hi) { store(p, lo, hi); }
-};
-
-#ifdef CUSTOM_OPS_HAVE_BF16_LANES
-// bf16 state in vec.h's lane order (one instruction per widen/narrow step instead of at::vec's
-// order-preserving conversion): k and q are stored in that same order (see element_order), and
-// dot products do not care about order.
-template <>
-struct Io<c10::BFloat16> {
-  using S = c10::BFloat16;
-  static inline void load(const S* p, fVec& lo, fVec& hi) { load_bf16_lanes(p, lo, hi); }
-  static inline void load(const S* p, int64_t n, fVec& lo, fVec& hi) {
-    load_bf16_lanes(p, n, lo, hi);
-  }
-  static inline void store(S* p, const fVec& lo, const fVec& hi) { store_bf16_lanes(p, lo, hi); }
-  static inline void store(S* p, int64_t n, const fVec& lo, const fVec& hi) {
-    store_bf16_lanes(p, n, lo, hi);
-  }
-  static inline void store_finite(S* p, const fVec& lo, const fVec& hi) {
-    store_bf16_lanes_no_nan(p, lo, hi);
-  }
-};
-#endif
-
-// The element order Io<S>::load produces within one kStep block: order[j] is the memory index of
-// the j-th float (lo then hi). Found by loading the indices themselves, so it is right for every
-// Io specialisation (identity for float and for at::vec's conversions).
-template <typename S>
-void element_order(int64_t order[kStep]) {
-  S idx[kStep];
-  for (int64_t j = 0; j < kStep; ++j) {
-    idx[j] = static_cast<S>(static_cast<float>(j));  // exact: j < 2^8
-  }
-  fVec lo, hi;
-  Io<S>::load(idx, lo, hi);
-  float f[kStep];
-  lo.store(f);
-  hi.store(f + kF);
-  for (int64_t j = 0; j < kStep; ++j) {
-    order[j] = static_cast<int64_t>(f[j]);
-  }
-}
-
-// out[r] = horizontal sum of v[r], r < R (vec.h's hsum4 sums four rows together).
-template <int R>
-inline void hsum_rows(const fVec* v, float* out) {
-  if constexpr (R == 4) {
-    hsum4(v, out);
-  } else {
-    for (int r = 0; r < R; ++r) {
-      out[r] = hsum(v[r]);
-    }
+  Blk b;
+  StateIo<S>::load(idx, b);
+  float f[kBlock];
+  blk_store(f, b);
+  for (int64_t l = 0; l < kBlock; ++l) {
+    order[l] = static_cast<int64_t>(f[l]);
   }
 }
 
@@ -136,47 +55,40 @@ inline int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
-// How far ahead (in state rows) pass one prefetches.
-constexpr int64_t kPrefetchRows = 8;
+// How far ahead of pass one (in bytes of state) to prefetch: more misses in flight than the
+// hardware prefetcher alone keeps when the state streams from DRAM.
+constexpr int64_t kPrefetchBytes = 4096;
 
 // Rows updated together (one group). Their dependency chains (dot, horizontal sum, delta, update,
-// dot, horizontal sum) overlap; one row alone is latency-bound. With 16 vector registers (AVX2,
-// portable) a float state fits two rows' accumulators of both passes without spilling.
-template <typename S>
-constexpr int group_rows() {
+// dot, horizontal sum) overlap; one row alone is latency-bound. With 16 vector registers (AVX2)
+// two rows' accumulators of both passes fit without spilling; AVX-512 has 32 registers of a whole
+// block each. The bits do not depend on it.
 #if defined(CPU_CAPABILITY_AVX512)
-  return 4;
+constexpr int kGroupRows = 4;
 #else
-  return std::is_same_v<S, float> ? 2 : 4;
+constexpr int kGroupRows = 2;
 #endif
-}
 
-// Lanes of the last partial step (K % kStep elements, in load order) that hold real elements:
-// all bits set there, zero in the padding.
-struct TailMask {
-  fVec lo, hi;
-};
-
-inline TailMask tail_mask(const int64_t order[kStep], int64_t tail) {
-  uint32_t bits[kStep];
-  for (int64_t j = 0; j < kStep; ++j) {
-    bits[j] = order[j] < tail ? 0xffffffffu : 0u;
+// Lanes of the last partial block (K % kBlock elements) that hold real elements: all bits set
+// there, zero in the padding.
+inline Blk tail_mask(const int64_t order[kBlock], int64_t tail) {
+  uint32_t bits[kBlock];
+  for (int64_t l = 0; l < kBlock; ++l) {
+    bits[l] = order[l] < tail ? 0xffffffffu : 0u;
   }
-  float f[kStep];
+  float f[kBlock];
   std::memcpy(f, bits, sizeof(f));
-  return {fVec::loadu(f), fVec::loadu(f + kF)};
+  return blk_load(f);
 }
 
-// Prefetch for writing the cache lines of kStep state elements at p (pass one runs this
-// kPrefetchRows rows ahead: more misses in flight than the hardware prefetcher alone keeps when
-// the state streams from DRAM). Integer arithmetic: the address may lie past the state; a
-// prefetch never faults.
+// Prefetch for writing the cache line of the state element at p, once per line.
 template <typename S>
-inline void prefetch_step(const S* p, int64_t t) {
-  constexpr int64_t kStepBytes = kStep * sizeof(S);
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  if constexpr (kStepBytes >= 64) {
-    for (int64_t b = 0; b < kStepBytes; b += 64) {
+inline void prefetch_line(const S* p, int64_t t) {
+  // Integer arithmetic: the address may lie past the state; a prefetch never faults.
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p) + kPrefetchBytes;
+  constexpr int64_t kBlockBytes = kBlock * sizeof(S);
+  if constexpr (kBlockBytes >= 64) {
+    for (int64_t b = 0; b < kBlockBytes; b += 64) {
       __builtin_prefetch(reinterpret_cast<const void*>(a + b), 1, 3);
     }
   } else if ((t * static_cast<int64_t>(sizeof(S))) % 64 == 0) {
@@ -184,143 +96,158 @@ inline void prefetch_step(const S* p, int64_t t) {
   }
 }
 
+// f(t) for every full block t = 0, kBlock, .. < full: unrolled when K is known at compile time.
+template <int KC, typename F>
+__attribute__((always_inline)) inline void for_blocks(int64_t full, F&& f) {
+  if constexpr (KC != 0) {
+    [&]<size_t... I>(std::index_sequence<I...>) __attribute__((always_inline)) {
+      (f(static_cast<int64_t>(I) * kBlock), ...);
+    }(std::make_index_sequence<KC / kBlock>{});
+  } else {
+    for (int64_t t = 0; t < full; t += kBlock) {
+      f(t);
+    }
+  }
+}
+
 // The state rows of one value head (rows x K, rows a multiple of R) and their outputs:
 //   u = S (exp(g) k); delta = beta (v - u); S' = exp(g) S + delta k^T; o = S' q.
-// kd = exp(g) k, k and q are the head's fp32 vectors in load order, zero-padded to a multiple of
-// kStep, so the last partial step needs no scalar tail (the padded lanes add exact zeros).
-// The decay multiplies k before the dot product, not the sum after it: S k alone can overflow
-// where exp(g) S k does not.
-// Rows go in groups of R; pass one (the dot with kd) of the next group runs interleaved with
-// pass two (update and read-out) of the current one, so each group's reduction and scalar delta
-// overlap the other's vector work. Every row's arithmetic and its order are the same whatever
-// KC (K known at compile time, or 0), R's neighbours or the interleaving: only R and the ISA
-// decide the bits.
+// kd = exp(g) k, k and q are the head's fp32 vectors in the state's element order, zero-padded to
+// a multiple of kBlock, so the last partial block needs no scalar tail (the padded lanes add exact
+// zeros). The decay multiplies k before the dot product, not the sum after it: S k alone can
+// overflow where exp(g) S k does not.
+// Rows go in groups of R. Pass one (the dot with kd) of group n + 2 runs interleaved with pass two
+// (update and read-out) of group n: a group's reduction and scalar delta then have a whole group's
+// vector work to hide behind before pass two needs them. Every row's arithmetic and its order are
+// the same whatever KC (K known at compile time, or 0), R, the interleaving or the ISA.
 template <typename S, int R, int KC, typename T>
 inline void update_head(S* st, int64_t K_, int64_t rows, const float* kd, const float* k,
                         const float* q, float decay, float beta, const T* v, int64_t cs, T* o,
-                        const TailMask& keep) {
+                        const Blk& keep) {
   const int64_t K = KC != 0 ? KC : K_;
-  const int64_t full = K / kStep * kStep;
+  const int64_t full = K / kBlock * kBlock;
   const int64_t tail = K - full;
-  const fVec vdecay(decay);
-  fVec u0[R], u1[R];
-  float delta[R];
-  bool finite = false;
+  const Blk vdecay = blk_set1(decay);
+  // Pass one's accumulators, and the deltas of the two groups in flight (group n in slot n % 2).
+  Blk u[R];
+  float delta[2][R];
+  bool finite[2] = {false, false};
 
-  auto dot_begin = [&]() {
+  // Scalar math: u[r] += sum_{t in block} s[r][t] * kd[t]
+  auto dot_block = [&](const S* s, int64_t t, int64_t n) __attribute__((always_inline)) {
+    const Blk kb = blk_load(kd + t);
     for (int r = 0; r < R; ++r) {
-      u0[r] = fVec(0.f);
-      u1[r] = fVec(0.f);
-    }
-  };
-  // Scalar math: u[r] += sum_{t in step} s[r][t] * kd[t]
-  auto dot_step = [&](const S* s, int64_t t, int64_t n) {
-    const fVec k0 = fVec::loadu(kd + t), k1 = fVec::loadu(kd + t + kF);
-    for (int r = 0; r < R; ++r) {
-      fVec s0, s1;
-      if (n == kStep) {
-        prefetch_step(s + (r + kPrefetchRows) * K + t, t);
-        Io<S>::load(s + r * K + t, s0, s1);
+      Blk x;
+      if (n == kBlock) {
+        prefetch_line(s + r * K + t, t);
+        StateIo<S>::load(s + r * K + t, x);
       } else {
-        Io<S>::load(s + r * K + t, n, s0, s1);
+        StateIo<S>::load(s + r * K + t, n, x);
       }
-      u0[r] = at::vec::fmadd(s0, k0, u0[r]);
-      u1[r] = at::vec::fmadd(s1, k1, u1[r]);
+      u[r] = blk_fmadd(x, kb, u[r]);
     }
   };
-  // The group's deltas. When every u and delta is finite, no updated state value can be NaN:
-  // finite u means every s[t] and kd[t] was finite (an infinite or NaN term keeps the sum
-  // non-finite), so decay*s[t] is finite and adding delta*k[t] can at most overflow to +-Inf.
-  // The narrowing to a 16-bit state can then skip its NaN handling (Io::store_finite).
-  auto dot_end = [&](int64_t row) {
-    float u[R];
+  // The deltas of the group at `row`. When every u and delta is finite, no updated state value
+  // can be NaN: finite u means every s[t] and kd[t] was finite (an infinite or NaN term keeps the
+  // sum non-finite), so decay*s[t] is finite and adding delta*k[t] can at most overflow to +-Inf.
+  // The stores can then skip their NaN handling (StateIo::store_finite).
+  auto dot_end = [&](int64_t row, int slot) {
+    float sums[R];
+    sum_rows<R>(u, sums);
+    bool fin = true;
     for (int r = 0; r < R; ++r) {
-      u0[r] = u0[r] + u1[r];
+      delta[slot][r] = beta * (static_cast<float>(v[(row + r) * cs]) - sums[r]);
+      fin = fin && std::isfinite(sums[r]) && std::isfinite(delta[slot][r]);
     }
-    hsum_rows<R>(u0, u);
-    finite = true;
+    finite[slot] = fin;
+  };
+  auto dot_rows = [&](int64_t row, int slot) {
+    const S* s = st + row * K;
     for (int r = 0; r < R; ++r) {
-      delta[r] = beta * (static_cast<float>(v[(row + r) * cs]) - u[r]);
-      finite = finite && std::isfinite(u[r]) && std::isfinite(delta[r]);
+      u[r] = blk_zero();
     }
+    for_blocks<KC>(full, [&](int64_t t) __attribute__((always_inline)) { dot_block(s, t, kBlock); });
+    if (tail) {
+      dot_block(s, full, tail);
+    }
+    dot_end(row, slot);
   };
 
-  dot_begin();
-  for (int64_t t = 0; t < full; t += kStep) {
-    dot_step(st, t, kStep);
-  }
-  if (tail) {
-    dot_step(st, full, tail);
-  }
-  dot_end(0);
-
-  for (int64_t g = 0; g < rows; g += R) {
+  // Pass two of rows [g, g + R) (slot `slot`), with pass one of rows [g + 2R, g + 3R) when kAhead;
+  // kFinite: the group's u and delta are finite (see dot_end).
+  auto group = [&]<bool kAhead, bool kFinite>(int64_t g, int slot) __attribute__((always_inline)) {
     S* s = st + g * K;
-    const S* next = s + R * K;
-    const bool more = g + R < rows;
-    const bool fin = finite;
-    fVec vdelta[R], o0[R], o1[R];
+    const S* ahead = s + 2 * R * K;
+    Blk vdelta[R], acc[R];
     for (int r = 0; r < R; ++r) {
-      vdelta[r] = fVec(delta[r]);
-      o0[r] = fVec(0.f);
-      o1[r] = fVec(0.f);
+      vdelta[r] = blk_set1(delta[slot][r]);
+      acc[r] = blk_zero();
+      if constexpr (kAhead) {
+        u[r] = blk_zero();
+      }
     }
     // Scalar math: s[r][t] = decay * s[r][t] + delta[r] * k[t]; o[r] += s[r][t] * q[t]
-    auto update_step = [&](int64_t t, int64_t n) {
-      const fVec k0 = fVec::loadu(k + t), k1 = fVec::loadu(k + t + kF);
-      const fVec q0 = fVec::loadu(q + t), q1 = fVec::loadu(q + t + kF);
+    auto update_block = [&](int64_t t, int64_t n) __attribute__((always_inline)) {
+      const Blk kb = blk_load(k + t), qb = blk_load(q + t);
       for (int r = 0; r < R; ++r) {
         S* p = s + r * K + t;
-        fVec s0, s1;
-        if (n == kStep) {
-          Io<S>::load(p, s0, s1);
+        Blk x;
+        if (n == kBlock) {
+          StateIo<S>::load(p, x);
         } else {
-          Io<S>::load(p, n, s0, s1);
+          StateIo<S>::load(p, n, x);
         }
-        s0 = at::vec::fmadd(vdelta[r], k0, s0 * vdecay);
-        s1 = at::vec::fmadd(vdelta[r], k1, s1 * vdecay);
-        if (n != kStep) {
+        x = blk_fmadd(vdelta[r], kb, blk_mul(x, vdecay));
+        if (n != kBlock) {
           // Padded lanes hold delta * 0, which is NaN when delta is infinite (an Inf in v): zero
           // them so they cannot turn an infinite output into NaN. They are never stored.
-          s0 = fVec::blendv(fVec(0.f), s0, keep.lo);
-          s1 = fVec::blendv(fVec(0.f), s1, keep.hi);
+          x = blk_and(x, keep);
         }
-        o0[r] = at::vec::fmadd(s0, q0, o0[r]);
-        o1[r] = at::vec::fmadd(s1, q1, o1[r]);
-        if (n != kStep) {
-          Io<S>::store(p, n, s0, s1);
-        } else if (fin) {
-          Io<S>::store_finite(p, s0, s1);
+        acc[r] = blk_fmadd(x, qb, acc[r]);
+        if (n != kBlock) {
+          StateIo<S>::store(p, n, x);
+        } else if constexpr (kFinite) {
+          StateIo<S>::store_finite(p, x);
         } else {
-          Io<S>::store(p, s0, s1);
+          StateIo<S>::store(p, x);
         }
       }
     };
-    if (more) {
-      dot_begin();
-    }
-    for (int64_t t = 0; t < full; t += kStep) {
-      update_step(t, kStep);
-      if (more) {
-        dot_step(next, t, kStep);
+    for_blocks<KC>(full, [&](int64_t t) __attribute__((always_inline)) {
+      update_block(t, kBlock);
+      if constexpr (kAhead) {
+        dot_block(ahead, t, kBlock);
       }
-    }
+    });
     if (tail) {
-      update_step(full, tail);
-      if (more) {
-        dot_step(next, full, tail);
+      update_block(full, tail);
+      if constexpr (kAhead) {
+        dot_block(ahead, full, tail);
       }
+    }
+    if constexpr (kAhead) {
+      dot_end(g + 2 * R, slot);
     }
     float orow[R];
+    sum_rows<R>(acc, orow);
     for (int r = 0; r < R; ++r) {
-      o0[r] = o0[r] + o1[r];
+      o[g + r] = static_cast<T>(std::isnan(orow[r]) ? kNaN : orow[r]);
     }
-    hsum_rows<R>(o0, orow);
-    for (int r = 0; r < R; ++r) {
-      o[g + r] = static_cast<T>(orow[r]);
-    }
-    if (more) {
-      dot_end(g + R);
+  };
+
+  dot_rows(0, 0);
+  if (R < rows) {
+    dot_rows(R, 1);
+  }
+  for (int64_t g = 0, n = 0; g < rows; g += R, ++n) {
+    const int slot = static_cast<int>(n & 1);
+    const bool ahead = g + 2 * R < rows;
+    if (finite[slot]) {
+      ahead ? group.template operator()<true, true>(g, slot)
+            : group.template operator()<false, true>(g, slot);
+    } else {
+      ahead ? group.template operator()<true, false>(g, slot)
+            : group.template operator()<false, false>(g, slot);
     }
   }
 }
@@ -335,7 +262,7 @@ inline float at2(const void* base, int64_t i, int64_t j, int64_t si, int64_t sj)
 // dst[Kp, 2Kp), zero-padded past K and permuted into the element order of the state loads.
 template <typename T>
 void normalize_qk(const T* row, int64_t cs, int64_t H, int64_t h, int64_t K, int64_t Kp,
-                  float scale, const int64_t order[kStep], bool identity, float* dst) {
+                  float scale, const int64_t order[kBlock], bool identity, float* dst) {
   for (int64_t which = 0; which < 2; ++which) {  // 0: q, 1: k
     const T* src = row + (which * H * K + h * K) * cs;
     float* d = dst + which * Kp;
@@ -352,10 +279,10 @@ void normalize_qk(const T* row, int64_t cs, int64_t H, int64_t h, int64_t K, int
     }
     std::fill(d + K, d + Kp, 0.f);
     if (!identity) {
-      float block[kStep];
-      for (int64_t t = 0; t < Kp; t += kStep) {
-        std::copy(d + t, d + t + kStep, block);
-        for (int64_t j = 0; j < kStep; ++j) {
+      float block[kBlock];
+      for (int64_t t = 0; t < Kp; t += kBlock) {
+        std::copy(d + t, d + t + kBlock, block);
+        for (int64_t j = 0; j < kBlock; ++j) {
           d[t + j] = block[order[j]];
         }
       }
@@ -369,23 +296,23 @@ void run_k(const GdnParams& p) {
   const int64_t B = p.batch, H = p.num_heads, Hv = p.num_v_heads, V = p.head_v;
   const int64_t K = KC != 0 ? KC : p.head_k;
   const int64_t group = Hv / H;  // value heads per key head
-  const int64_t Kp = round_up(K, kStep);
+  const int64_t Kp = round_up(K, kBlock);
   const T* qkv = static_cast<const T*>(p.mixed_qkv);
   const int64_t rs = p.qkv_stride_row, cs = p.qkv_stride_col;
   S* state = static_cast<S*>(p.state);
   T* out = static_cast<T*>(p.out);
-  constexpr int R = group_rows<S>();
+  constexpr int R = kGroupRows;
   const int64_t grouped = V / R * R;
 
-  // q and k are kept in the element order the state loads produce (identity unless Io<S>
+  // q and k are kept in the element order the state loads produce (identity unless StateIo<S>
   // reorders), so that s[t] always meets k[t] and q[t].
-  int64_t order[kStep];
+  int64_t order[kBlock];
   element_order<S>(order);
   bool identity = true;
-  for (int64_t j = 0; j < kStep; ++j) {
+  for (int64_t j = 0; j < kBlock; ++j) {
     identity = identity && order[j] == j;
   }
-  const TailMask keep = tail_mask(order, K % kStep);
+  const Blk keep = tail_mask(order, K % kBlock);
 
   const int64_t grain = std::max<int64_t>(1, kGrainElements / (V * K));
   // One task per (batch row, value head), in row-major order so the `group` value heads of one
@@ -436,9 +363,11 @@ void run_k(const GdnParams& p) {
 }
 
 // Row kernels specialised on the common K (the loops unroll, k and q stay in registers where
-// they fit); any other K takes the generic one. Same bits either way (see update_head).
+// they fit); any other K takes the generic one. Same bits either way (see update_head). Not in
+// the portable variant, whose unrolled blocks would take minutes to compile for little gain.
 template <typename T, typename S>
 void run(const GdnParams& p) {
+#if !defined(CPU_CAPABILITY_DEFAULT)
   switch (p.specialize_k ? p.head_k : 0) {
     case 64:
       return run_k<T, S, 64>(p);
@@ -447,8 +376,10 @@ void run(const GdnParams& p) {
     case 256:
       return run_k<T, S, 256>(p);
     default:
-      return run_k<T, S, 0>(p);
+      break;
   }
+#endif
+  run_k<T, S, 0>(p);
 }
 
 } // namespace

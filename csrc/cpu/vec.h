@@ -1,13 +1,25 @@
-// Per-ISA helpers of the CPU kernel: the few vector operations at::vec does not offer (or offers
-// more slowly), each with an AVX-512 and an AVX2 specialisation, so that kernel_impl.h reads as
-// math. Included by kernel_impl.h only, once per CPU_CAPABILITY (see setup.py).
+// Per-ISA building blocks of the CPU kernel. Included by kernel_impl.h only, once per
+// CPU_CAPABILITY (see setup.py).
+//
+// Every variant computes the same bits (tests/test_cpu_kernel.py compares them). So the kernel
+// works on one fixed unit, a block of 16 state elements held as 16 float lanes (lanes 0-7 "lo",
+// 8-15 "hi"), whatever the vector width: one __m512 on AVX-512, two __m256 on AVX2, an array in
+// the portable code. Every lane operation rounds once (fmadd is fused everywhere), every dot
+// product accumulates lane-wise over blocks and ends in the same tree (sum_rows), and every
+// stored NaN is the canonical quiet NaN, so nothing depends on the width or on which operand's
+// NaN payload an instruction keeps.
+//
+// Which state element sits in which lane is the state dtype's "element order" (StateIo): the
+// identity for fp32 and fp16; for bf16 the pair order, lo lane i = element 2i and hi lane i =
+// element 2i + 1, in which AVX2 widens and narrows with one shift or blend per vector. The kernel
+// keeps q and k in the same order, so s[t] always meets k[t].
 #pragma once
 
 #if defined(__x86_64__) || defined(__i386__)
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's AVX-512 headers self-initialise their "undefined" vectors (_mm512_undefined_ps), which
-// -Wall reports as uninitialised wherever at::vec or this file inlines such an intrinsic (GCC bug
-// 105593, fixed in 12.3). Silenced for those headers only: they are first included here.
+// -Wall reports as uninitialised wherever this file inlines such an intrinsic (GCC bug 105593,
+// fixed in 12.3). Silenced for those headers only: they are first included here.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -18,202 +30,364 @@
 #endif
 #endif
 
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 namespace custom_ops::cpu {
 namespace CPU_CAPABILITY {
 namespace {
 
-using at::vec::Vectorized;
-using fVec = Vectorized<float>;
-constexpr int64_t kF = fVec::size();
+// State elements per block.
+constexpr int64_t kBlock = 16;
+// The one NaN the kernel stores (fp32 0x7fc00000, bf16 0x7fc0, fp16 0x7e00).
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// Horizontal sum of one vector.
-inline float hsum(const fVec& v) {
-#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-  return at::vec::vec_reduce_all<float>([](fVec& x, fVec& y) { return x + y; }, v);
-#else
-  float lanes[kF];
-  v.store(lanes);
-  float sum = 0.f;
-  for (int64_t l = 0; l < kF; ++l) {
-    sum += lanes[l];
-  }
-  return sum;
-#endif
-}
-
-// Scalar math: out[r] = sum_l v[r][l], r < 4.
-// On AVX2/AVX-512 the four sums are formed together (a transpose-and-add tree): about a third of
-// the shuffles and adds of four separate reductions, which matter next to the few FMAs per row.
 #if defined(CPU_CAPABILITY_AVX512)
-inline void hsum4(const fVec* v, float* out) {
-  // Per 128-bit lane: ab = [a0+a2, b0+b2, a1+a3, b1+b3], likewise cd; then [a, b, c, d].
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
-  __m512 t = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
-                           _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
-  // Add the four 128-bit lanes.
-  t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(1, 0, 3, 2)));
-  t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
-  _mm_storeu_ps(out, _mm512_castps512_ps128(t));
+struct Blk {
+  __m512 v;
+};
+inline Blk blk_zero() { return {_mm512_setzero_ps()}; }
+inline Blk blk_set1(float x) { return {_mm512_set1_ps(x)}; }
+inline Blk blk_load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void blk_store(float* p, const Blk& a) { _mm512_storeu_ps(p, a.v); }
+inline Blk blk_mul(const Blk& a, const Blk& b) { return {_mm512_mul_ps(a.v, b.v)}; }
+// a * b + c, one rounding.
+inline Blk blk_fmadd(const Blk& a, const Blk& b, const Blk& c) {
+  return {_mm512_fmadd_ps(a.v, b.v, c.v)};
+}
+inline Blk blk_and(const Blk& a, const Blk& m) { return {_mm512_and_ps(a.v, m.v)}; }
+inline Blk blk_canonical_nan(const Blk& a) {
+  return {_mm512_mask_mov_ps(a.v, _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q), _mm512_set1_ps(kNaN))};
+}
+// lo + hi, lane-wise.
+inline __m256 blk_fold(const Blk& a) {
+  return _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1));
 }
 #elif defined(CPU_CAPABILITY_AVX2)
-inline void hsum4(const fVec* v, float* out) {
+struct Blk {
+  __m256 lo, hi;
+};
+inline Blk blk_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline Blk blk_set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline Blk blk_load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void blk_store(float* p, const Blk& a) {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+inline Blk blk_mul(const Blk& a, const Blk& b) {
+  return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)};
+}
+inline Blk blk_fmadd(const Blk& a, const Blk& b, const Blk& c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline Blk blk_and(const Blk& a, const Blk& m) {
+  return {_mm256_and_ps(a.lo, m.lo), _mm256_and_ps(a.hi, m.hi)};
+}
+inline __m256 canonical_nan(__m256 x) {
+  return _mm256_blendv_ps(x, _mm256_set1_ps(kNaN), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+inline Blk blk_canonical_nan(const Blk& a) { return {canonical_nan(a.lo), canonical_nan(a.hi)}; }
+inline __m256 blk_fold(const Blk& a) { return _mm256_add_ps(a.lo, a.hi); }
+#else
+struct Blk {
+  float x[kBlock];
+};
+inline Blk blk_zero() { return Blk{}; }
+inline Blk blk_set1(float v) {
+  Blk r;
+  for (int l = 0; l < kBlock; ++l) r.x[l] = v;
+  return r;
+}
+inline Blk blk_load(const float* p) {
+  Blk r;
+  std::memcpy(r.x, p, sizeof(r.x));
+  return r;
+}
+inline void blk_store(float* p, const Blk& a) { std::memcpy(p, a.x, sizeof(a.x)); }
+inline Blk blk_mul(const Blk& a, const Blk& b) {
+  Blk r;
+  for (int l = 0; l < kBlock; ++l) r.x[l] = a.x[l] * b.x[l];
+  return r;
+}
+// std::fma: fused like the vector variants' instructions (a library call where the baseline
+// instruction set has no FMA; the kernel files are built with -ffp-contract=off).
+inline Blk blk_fmadd(const Blk& a, const Blk& b, const Blk& c) {
+  Blk r;
+  for (int l = 0; l < kBlock; ++l) r.x[l] = std::fma(a.x[l], b.x[l], c.x[l]);
+  return r;
+}
+inline Blk blk_and(const Blk& a, const Blk& m) {
+  uint32_t x[kBlock], y[kBlock];
+  std::memcpy(x, a.x, sizeof(x));
+  std::memcpy(y, m.x, sizeof(y));
+  for (int l = 0; l < kBlock; ++l) x[l] &= y[l];
+  Blk r;
+  std::memcpy(r.x, x, sizeof(x));
+  return r;
+}
+inline Blk blk_canonical_nan(const Blk& a) {
+  Blk r;
+  for (int l = 0; l < kBlock; ++l) r.x[l] = std::isnan(a.x[l]) ? kNaN : a.x[l];
+  return r;
+}
+#endif
+
+// out[r] = the sum of v[r]'s 16 lanes, r < R, in one order for every ISA: with L[i] = lo[i] +
+// hi[i], ((L0 + L2) + (L1 + L3)) + ((L4 + L6) + (L5 + L7)).
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+// The tree above for four rows at once (transpose-and-add: about a third of the shuffles and
+// adds of four separate reductions).
+inline void hsum4(const __m256* v, float* out) {
+  // Per 128-bit lane: ab = [a0+a2, b0+b2, a1+a3, b1+b3], likewise cd; then [a, b, c, d].
   const __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(v[0], v[1]), _mm256_unpackhi_ps(v[0], v[1]));
   const __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(v[2], v[3]), _mm256_unpackhi_ps(v[2], v[3]));
   const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
                                  _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
   _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
-#else
-inline void hsum4(const fVec* v, float* out) {
+template <int R>
+inline void sum_rows(const Blk* v, float* out) {
+  static_assert(R >= 1 && R <= 4, "at most 4 rows");
+  __m256 f[4];
   for (int r = 0; r < 4; ++r) {
-    out[r] = hsum(v[r]);
+    f[r] = blk_fold(v[r < R ? r : 0]);
+  }
+  float all[4];
+  hsum4(f, all);
+  for (int r = 0; r < R; ++r) {
+    out[r] = all[r];
+  }
+}
+#else
+template <int R>
+inline void sum_rows(const Blk* v, float* out) {
+  for (int r = 0; r < R; ++r) {
+    float L[8];
+    for (int i = 0; i < 8; ++i) L[i] = v[r].x[i] + v[r].x[8 + i];
+    out[r] = ((L[0] + L[2]) + (L[1] + L[3])) + ((L[4] + L[6]) + (L[5] + L[7]));
   }
 }
 #endif
+
+// State blocks: kBlock elements of S (or the first n < kBlock; the rest read as 0) to a Blk in
+// S's element order, and back, rounding to nearest even. store turns every NaN into the canonical
+// one; store_finite may assume no lane is NaN (the caller has proved it) and gives store's bits
+// for such values.
+template <typename S>
+struct StateIo;
 
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-// A bf16 state as 2*kF bf16 <-> two float vectors, in an element order of our choosing (callers
-// keep their other operands in the same order; dot products do not care about order). Widening a
-// bf16 is a 16-bit shift and narrowing an integer rounding of the high half, so the order is the
-// one that costs the fewest shuffles and shifts on each ISA. Every narrowing rounds to nearest
-// even and turns every NaN into 0x7fc0, like c10::BFloat16; the *_no_nan forms skip the NaN
-// handling for values the caller has proved are not NaN, with the same bits otherwise.
-#define CUSTOM_OPS_HAVE_BF16_LANES 1
-
-#if defined(CPU_CAPABILITY_AVX512)
-// "Lane order": interleaving the words with zeros (unpacklo/unpackhi) gives the two float
-// vectors in one instruction each, and packus_epi32 of the rounded high halves is its exact
-// inverse (per 128-bit lane: words 0-3 -> lo, 4-7 -> hi).
-using iVec = __m512i;
-inline iVec lane_load(const void* p) { return _mm512_loadu_si512(p); }
-inline iVec lane_load(const void* p, int64_t n) {
-  return _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << n) - 1), p);
+// bf16 rounding in integers, the result in the HIGH 16 bits of each 32-bit lane (the low bits are
+// garbage). Scalar math: bits + 0x8000 - (low 17 bits == 0x8000), which carries into the high half
+// exactly when bits + 0x7fff + ((bits >> 16) & 1) does (a tie rounds up only from an odd value),
+// without a shift. Right for every x but NaN; the NaN forms put 0x7fc0 there, like c10::BFloat16.
+inline __m256i round_bf16_high_no_nan(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i low17 = _mm256_and_si256(bits, _mm256_set1_epi32(0x1ffff));
+  const __m256i tie_even = _mm256_cmpeq_epi32(low17, _mm256_set1_epi32(0x8000));  // -1: subtract
+  return _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x8000)), tie_even);
 }
-inline void lane_store(void* p, iVec x) { _mm512_storeu_si512(p, x); }
-inline void lane_store(void* p, int64_t n, iVec x) {
-  _mm512_mask_storeu_epi16(p, static_cast<__mmask32>((1ull << n) - 1), x);
-}
-inline iVec i_set1(int32_t v) { return _mm512_set1_epi32(v); }
-inline fVec as_f(iVec a) { return _mm512_castsi512_ps(a); }
-inline iVec as_i(const fVec& a) { return _mm512_castps_si512(a); }
-
-// Scalar math: bits(x) + 0x7fff + ((bits(x) >> 16) & 1), >> 16 (round to nearest even), result
-// in the low 16 bits of each 32-bit lane; right for every x but NaN (the add can carry a NaN's
-// mantissa into the exponent or the sign bit).
-inline iVec round_bf16_no_nan(const fVec& x) {
-  const iVec bits = as_i(x);
-  const iVec lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), i_set1(1));
-  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, i_set1(0x7fff)), lsb), 16);
-}
-// Scalar math: isnan(x) ? 0x7fc0 : round_bf16_no_nan(x)
-inline iVec round_bf16(const fVec& x) {
-  return _mm512_mask_mov_epi32(round_bf16_no_nan(x), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
-                               i_set1(0x7fc0));
-}
-inline void widen_bf16_lanes(iVec x, fVec& lo, fVec& hi) {
-  lo = as_f(_mm512_unpacklo_epi16(_mm512_setzero_si512(), x));
-  hi = as_f(_mm512_unpackhi_epi16(_mm512_setzero_si512(), x));
-}
-inline iVec narrow_bf16_lanes(const fVec& lo, const fVec& hi) {
-  return _mm512_packus_epi32(round_bf16(lo), round_bf16(hi));
-}
-inline iVec narrow_bf16_lanes_no_nan(const fVec& lo, const fVec& hi) {
-#if defined(__AVX512BF16__)
-  // vcvtne2ps2bf16 rounds to nearest even like round_bf16 except for NaNs (it keeps the payload)
-  // and fp32 denormals (it flushes them to zero): vectors holding either take the integer path.
-  // Checked over all 2^32 inputs by tests/cpp/bf16_narrow_exhaustive.cpp.
-  constexpr int kNanOrDenormal = 0x01 | 0x20 | 0x80;  // fpclass: QNaN | denormal | SNaN
-  if ((_mm512_fpclass_ps_mask(lo, kNanOrDenormal) | _mm512_fpclass_ps_mask(hi, kNanOrDenormal)) ==
-      0) {
-    // Words 0-15 from lo, 16-31 from hi: in 64-bit blocks, lane order's blocks 0, 2, 4, 6, 1, 3,
-    // 5, 7. Put them back.
-    const __m512i words = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-    return _mm512_permutexvar_epi64(_mm512_set_epi64(7, 3, 6, 2, 5, 1, 4, 0), words);
-  }
-  return narrow_bf16_lanes(lo, hi);
-#else
-  return _mm512_packus_epi32(round_bf16_no_nan(lo), round_bf16_no_nan(hi));
-#endif
-}
-#else
-// AVX2: "pair order": the 32-bit lane i holds elements 2i (low word) and 2i+1 (high word);
-// lo = lane << 16, hi = lane & 0xffff0000, and narrowing blends the rounded high words back. One
-// shift or blend per vector where unpack/packus orders need shuffles and more shifts, which
-// compete for the same two ports on current x86 cores.
-using iVec = __m256i;
-inline iVec lane_load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-inline iVec lane_load(const void* p, int64_t n) {
-  alignas(32) uint16_t buf[16] = {0};
-  std::memcpy(buf, p, n * sizeof(uint16_t));
-  return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
-}
-inline void lane_store(void* p, iVec x) { _mm256_storeu_si256(static_cast<__m256i*>(p), x); }
-inline void lane_store(void* p, int64_t n, iVec x) {
-  alignas(32) uint16_t buf[16];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(buf), x);
-  std::memcpy(p, buf, n * sizeof(uint16_t));
-}
-inline iVec i_set1(int32_t v) { return _mm256_set1_epi32(v); }
-inline fVec as_f(iVec a) { return _mm256_castsi256_ps(a); }
-inline iVec as_i(const fVec& a) { return _mm256_castps_si256(a); }
-
-// Round to nearest even, result in the HIGH 16 bits of each 32-bit lane (the low bits are
-// garbage). Scalar math: bits + 0x8000 - (low 17 bits == 0x8000), which carries into the high
-// half exactly when bits + 0x7fff + ((bits >> 16) & 1) does (a tie rounds up only from an odd
-// value), without a shift. Right for every x but NaN.
-inline iVec round_bf16_high_no_nan(const fVec& x) {
-  const iVec bits = as_i(x);
-  const iVec low17 = _mm256_and_si256(bits, i_set1(0x1ffff));
-  const iVec tie_even = _mm256_cmpeq_epi32(low17, i_set1(0x8000));  // all ones: subtract 1
-  return _mm256_add_epi32(_mm256_add_epi32(bits, i_set1(0x8000)), tie_even);
-}
-// Scalar math: isnan(x) ? 0x7fc0 : round_bf16_high_no_nan(x), in the high half.
-inline iVec round_bf16_high(const fVec& x) {
+inline __m256i round_bf16_high(__m256 x) {
   const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-  return _mm256_blendv_epi8(round_bf16_high_no_nan(x), i_set1(0x7fc00000),
+  return _mm256_blendv_epi8(round_bf16_high_no_nan(x), _mm256_set1_epi32(0x7fc00000),
                             _mm256_castps_si256(nan));
 }
-inline iVec pair_words(iVec lo_high, iVec hi_high) {
+// 16 bf16 in pair order from the rounded high halves of lo (even elements) and hi (odd ones).
+inline __m256i pair_words(__m256i lo_high, __m256i hi_high) {
   return _mm256_blend_epi16(_mm256_srli_epi32(lo_high, 16), hi_high, 0xAA);
-}
-inline void widen_bf16_lanes(iVec x, fVec& lo, fVec& hi) {
-  lo = as_f(_mm256_slli_epi32(x, 16));
-  hi = as_f(_mm256_and_si256(x, i_set1(static_cast<int32_t>(0xffff0000u))));
-}
-inline iVec narrow_bf16_lanes(const fVec& lo, const fVec& hi) {
-  return pair_words(round_bf16_high(lo), round_bf16_high(hi));
-}
-inline iVec narrow_bf16_lanes_no_nan(const fVec& lo, const fVec& hi) {
-  return pair_words(round_bf16_high_no_nan(lo), round_bf16_high_no_nan(hi));
 }
 #endif
 
-// 2*kF bf16 (or the first n, the rest read as 0) to two float vectors in this ISA's order, and
-// back.
-inline void load_bf16_lanes(const c10::BFloat16* p, fVec& lo, fVec& hi) {
-  widen_bf16_lanes(lane_load(p), lo, hi);
+#if defined(CPU_CAPABILITY_AVX512)
+inline __mmask16 first_n16(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
+
+template <>
+struct StateIo<float> {
+  static inline void load(const float* p, Blk& a) { a.v = _mm512_loadu_ps(p); }
+  static inline void load(const float* p, int64_t n, Blk& a) {
+    a.v = _mm512_maskz_loadu_ps(first_n16(n), p);
+  }
+  static inline void store_finite(float* p, const Blk& a) { _mm512_storeu_ps(p, a.v); }
+  static inline void store(float* p, const Blk& a) { store_finite(p, blk_canonical_nan(a)); }
+  static inline void store(float* p, int64_t n, const Blk& a) {
+    _mm512_mask_storeu_ps(p, first_n16(n), blk_canonical_nan(a).v);
+  }
+};
+
+// Pair order in one register: the 16 words broadcast to both halves, then lanes 0-7 shifted
+// (element 2i to the high half) and lanes 8-15 masked (element 2i + 1 stays there).
+inline Blk widen_bf16(__m256i w) {
+  const __m512i x = _mm512_broadcast_i64x4(w);
+  const __m512i odd = _mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  return {_mm512_castsi512_ps(_mm512_mask_slli_epi32(odd, 0x00ff, x, 16))};
 }
-inline void load_bf16_lanes(const c10::BFloat16* p, int64_t n, fVec& lo, fVec& hi) {
-  widen_bf16_lanes(lane_load(p, n), lo, hi);
+inline __m256i narrow_bf16(const Blk& a) {
+  const __m256 lo = _mm512_castps512_ps256(a.v), hi = _mm512_extractf32x8_ps(a.v, 1);
+  return pair_words(round_bf16_high(lo), round_bf16_high(hi));
 }
-inline void store_bf16_lanes(c10::BFloat16* p, const fVec& lo, const fVec& hi) {
-  lane_store(p, narrow_bf16_lanes(lo, hi));
+inline __m256i narrow_bf16_finite(const Blk& a) {
+#if defined(__AVX512BF16__)
+  // vcvtneps2bf16 rounds to nearest even like round_bf16_high except for NaNs (it keeps the
+  // payload) and fp32 denormals (it flushes them): blocks holding either take the integer path.
+  // Checked over all 2^32 inputs by tests/cpp/bf16_narrow_exhaustive.cpp.
+  constexpr int kNanOrDenormal = 0x01 | 0x20 | 0x80;  // fpclass: QNaN | denormal | SNaN
+  if (_mm512_fpclass_ps_mask(a.v, kNanOrDenormal) == 0) {
+    // Words [e0, e2, .., e14, e1, e3, .., e15] back to memory order.
+    const __m256i words = (__m256i)_mm512_cvtneps_pbh(a.v);
+    const __m256i order = _mm256_setr_epi16(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    return _mm256_permutexvar_epi16(order, words);
+  }
+#endif
+  const __m256 lo = _mm512_castps512_ps256(a.v), hi = _mm512_extractf32x8_ps(a.v, 1);
+  return pair_words(round_bf16_high_no_nan(lo), round_bf16_high_no_nan(hi));
 }
-inline void store_bf16_lanes(c10::BFloat16* p, int64_t n, const fVec& lo, const fVec& hi) {
-  lane_store(p, n, narrow_bf16_lanes(lo, hi));
+template <>
+struct StateIo<c10::BFloat16> {
+  using S = c10::BFloat16;
+  static inline void load(const S* p, Blk& a) {
+    a = widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static inline void load(const S* p, int64_t n, Blk& a) {
+    a = widen_bf16(_mm256_maskz_loadu_epi16(first_n16(n), p));
+  }
+  static inline void store(S* p, const Blk& a) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow_bf16(a));
+  }
+  static inline void store(S* p, int64_t n, const Blk& a) {
+    _mm256_mask_storeu_epi16(p, first_n16(n), narrow_bf16(a));
+  }
+  static inline void store_finite(S* p, const Blk& a) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow_bf16_finite(a));
+  }
+};
+
+template <>
+struct StateIo<c10::Half> {
+  using S = c10::Half;
+  static constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  static inline void load(const S* p, Blk& a) {
+    a.v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static inline void load(const S* p, int64_t n, Blk& a) {
+    a.v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first_n16(n), p));
+  }
+  static inline void store_finite(S* p, const Blk& a) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(a.v, kRound));
+  }
+  static inline void store(S* p, const Blk& a) { store_finite(p, blk_canonical_nan(a)); }
+  static inline void store(S* p, int64_t n, const Blk& a) {
+    _mm256_mask_storeu_epi16(p, first_n16(n), _mm512_cvtps_ph(blk_canonical_nan(a).v, kRound));
+  }
+};
+#elif defined(CPU_CAPABILITY_AVX2)
+// Partial blocks go through a zero-filled buffer (tails only).
+template <typename S>
+inline void copy_in(const S* p, int64_t n, S (&buf)[kBlock]) {
+  std::memset(buf, 0, sizeof(buf));
+  std::memcpy(buf, p, n * sizeof(S));
 }
-inline void store_bf16_lanes_no_nan(c10::BFloat16* p, const fVec& lo, const fVec& hi) {
-  lane_store(p, narrow_bf16_lanes_no_nan(lo, hi));
-}
-#endif // CPU_CAPABILITY_AVX2 || CPU_CAPABILITY_AVX512
+
+template <>
+struct StateIo<float> {
+  static inline void load(const float* p, Blk& a) { a = blk_load(p); }
+  static inline void load(const float* p, int64_t n, Blk& a) {
+    float buf[kBlock];
+    copy_in(p, n, buf);
+    a = blk_load(buf);
+  }
+  static inline void store_finite(float* p, const Blk& a) { blk_store(p, a); }
+  static inline void store(float* p, const Blk& a) { blk_store(p, blk_canonical_nan(a)); }
+  static inline void store(float* p, int64_t n, const Blk& a) {
+    float buf[kBlock];
+    blk_store(buf, blk_canonical_nan(a));
+    std::memcpy(p, buf, n * sizeof(float));
+  }
+};
+
+template <>
+struct StateIo<c10::BFloat16> {
+  using S = c10::BFloat16;
+  static inline void widen(__m256i x, Blk& a) {
+    a.lo = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    a.hi = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  static inline void load(const S* p, Blk& a) {
+    widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), a);
+  }
+  static inline void load(const S* p, int64_t n, Blk& a) {
+    S buf[kBlock];
+    copy_in(p, n, buf);
+    load(buf, a);
+  }
+  static inline void store(S* p, const Blk& a) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        pair_words(round_bf16_high(a.lo), round_bf16_high(a.hi)));
+  }
+  static inline void store(S* p, int64_t n, const Blk& a) {
+    S buf[kBlock];
+    store(buf, a);
+    std::memcpy(p, buf, n * sizeof(S));
+  }
+  static inline void store_finite(S* p, const Blk& a) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        pair_words(round_bf16_high_no_nan(a.lo), round_bf16_high_no_nan(a.hi)));
+  }
+};
+
+template <>
+struct StateIo<c10::Half> {
+  using S = c10::Half;
+  static constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  static inline void load(const S* p, Blk& a) {
+    a.lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    a.hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  }
+  static inline void load(const S* p, int64_t n, Blk& a) {
+    S buf[kBlock];
+    copy_in(p, n, buf);
+    load(buf, a);
+  }
+  static inline void store_finite(S* p, const Blk& a) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(a.lo, kRound));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8), _mm256_cvtps_ph(a.hi, kRound));
+  }
+  static inline void store(S* p, const Blk& a) { store_finite(p, blk_canonical_nan(a)); }
+  static inline void store(S* p, int64_t n, const Blk& a) {
+    S buf[kBlock];
+    store(buf, a);
+    std::memcpy(p, buf, n * sizeof(S));
+  }
+};
+#else
+// Portable: the element orders above, one element at a time; c10's conversions round to nearest
+// even like the vector ones.
+template <typename S>
+struct StateIo {
+  // Lane of element e (the element order).
+  static constexpr int lane(int e) {
+    return std::is_same_v<S, c10::BFloat16> ? (e % 2) * 8 + e / 2 : e;
+  }
+  static inline void load(const S* p, int64_t n, Blk& a) {
+    a = blk_zero();
+    for (int e = 0; e < n; ++e) a.x[lane(e)] = static_cast<float>(p[e]);
+  }
+  static inline void load(const S* p, Blk& a) { load(p, kBlock, a); }
+  static inline void store(S* p, int64_t n, const Blk& a) {
+    for (int e = 0; e < n; ++e) {
+      const float x = a.x[lane(e)];
+      p[e] = static_cast<S>(std::isnan(x) ? kNaN : x);
+    }
+  }
+  static inline void store(S* p, const Blk& a) { store(p, kBlock, a); }
+  static inline void store_finite(S* p, const Blk& a) { store(p, kBlock, a); }
+};
+#endif
 
 } // namespace
 } // namespace CPU_CAPABILITY
