@@ -60,13 +60,13 @@ inline int64_t round_up(int64_t x, int64_t m) {
 constexpr int64_t kPrefetchBytes = 4096;
 
 // Rows updated together (one group). Their dependency chains (dot, horizontal sum, delta, update,
-// dot, horizontal sum) overlap; one row alone is latency-bound. With 16 vector registers (AVX2)
-// two rows' accumulators of both passes fit without spilling; AVX-512 has 32 registers of a whole
-// block each. The bits do not depend on it.
+// dot, horizontal sum) overlap. AVX-512 has 32 registers of a whole block each and keeps four
+// rows' accumulators of both passes in them; with 16 (AVX2) more than one row spills. The bits do
+// not depend on it.
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int kGroupRows = 4;
 #else
-constexpr int kGroupRows = 2;
+constexpr int kGroupRows = 1;
 #endif
 
 // Lanes of the last partial block (K % kBlock elements) that hold real elements: all bits set

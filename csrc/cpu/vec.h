@@ -151,9 +151,19 @@ inline void hsum4(const __m256* v, float* out) {
                                  _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
   _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
+// The same tree for one row: pairs (i, i + 2), then (i, i + 1), then the two 128-bit halves.
+inline float hsum1(__m256 L) {
+  const __m256 t = _mm256_add_ps(L, _mm256_permute_ps(L, _MM_SHUFFLE(1, 0, 3, 2)));
+  const __m256 u = _mm256_add_ps(t, _mm256_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
+}
 template <int R>
 inline void sum_rows(const Blk* v, float* out) {
   static_assert(R >= 1 && R <= 4, "at most 4 rows");
+  if constexpr (R == 1) {
+    out[0] = hsum1(blk_fold(v[0]));
+    return;
+  }
   __m256 f[4];
   for (int r = 0; r < 4; ++r) {
     f[r] = blk_fold(v[r < R ? r : 0]);
