@@ -131,20 +131,31 @@ class Progress:
 
 def time_call(fn, sync, min_time):
     """Median seconds per call over repeated calls (at least 5, about min_time in total)."""
-    fn()
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    once = max(time.perf_counter() - t0, 1e-7)
-    reps = int(min(max(5, min_time / once), 1000))
-    samples = []
-    for _ in range(reps):
+    return time_calls({"fn": fn}, sync, min_time)["fn"]
+
+
+def time_calls(fns, sync, min_time, rounds=5):
+    """Median seconds per call of each of fns (a dict), interleaved: `rounds` rounds in which each
+    fn makes its share of calls (at least 5 in all, about min_time each), so that a slow spell of
+    a shared machine falls on every fn of a ratio alike instead of on one of them."""
+    reps = {}
+    for name, fn in fns.items():
+        fn()
+        sync()
         t0 = time.perf_counter()
         fn()
         sync()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+        once = max(time.perf_counter() - t0, 1e-7)
+        reps[name] = -(-int(min(max(5, min_time / once), 1000)) // rounds)  # per round, rounded up
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(reps[name]):
+                t0 = time.perf_counter()
+                fn()
+                sync()
+                samples[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def _size_bytes(text):
@@ -305,22 +316,22 @@ def run(args):
                 row = {"mode": mode, "H": H, "Hv": Hv, "K": D, "V": D, "B": B, "pool": pool_slots,
                        "input": input_dtype_for(sd, args.input_dtype), "state": sd,
                        "bytes": nbytes}
+                fns = {}
                 for backend in args.backends:
-                    label = f"{mode} H={H} Hv={Hv} {sd} B={B} {backend}"
                     if backend in CEILINGS:
-                        fn = _ceiling_fn(backend, chunks[backend])
+                        fns[backend] = _ceiling_fn(backend, chunks[backend])
                     else:
                         impl, ok = checked[backend]
                         row[f"{backend}_ok"] = ok
                         if windows is None:
-                            fn = (lambda impl=impl, xm=xm: call(impl, xm))
+                            fns[backend] = (lambda impl=impl, xm=xm: call(impl, xm))
                         else:
-                            fn = (lambda impl=impl, xm=xm, windows=windows: call(
+                            fns[backend] = (lambda impl=impl, xm=xm, windows=windows: call(
                                 impl, dict(xm, ssm_state_indices=next(windows))))
-                    t = time_call(fn, sync, args.min_time)
+                for backend, t in time_calls(fns, sync, args.min_time).items():
                     row[f"{backend}_us"] = t * 1e6
                     row[f"{backend}_GBps"] = nbytes / t / 1e9
-                    progress.step(label)
+                    progress.step(f"{mode} H={H} Hv={Hv} {sd} B={B} {backend}")
                 _ratios(row, args.backends)
                 rows.append(row)
             del x
