@@ -115,13 +115,71 @@ inline Blk blk_mul(const Blk& a, const Blk& b) {
   for (int l = 0; l < kBlock; ++l) r.x[l] = a.x[l] * b.x[l];
   return r;
 }
-// std::fma: fused like the vector variants' instructions (a library call where the baseline
-// instruction set has no FMA; the kernel files are built with -ffp-contract=off).
+#if defined(__FP_FAST_FMAF)
+// The instruction set has a fused multiply-add (AArch64, ...): std::fma is that instruction.
+inline float fma_exact(float a, float b, float c) { return std::fma(a, b, c); }
+#else
+// a * b + c rounded once, without an FMA instruction (the x86-64 baseline has none, and libm's
+// fmaf is a call, in software on such CPUs). The product of two floats is exact in double;
+// the double sum is made round-to-odd (TwoSum gives its exact error e; an inexact sum is moved
+// to the odd neighbour towards zero), and rounding a round-to-odd value with 53 >= 24 + 2 bits
+// to float gives the correctly rounded result (Boldo & Melquiond). Infinite or NaN sums are left
+// alone. The kernel files are built with -ffp-contract=off, so p + dc stays an addition.
+inline float fma_exact(float a, float b, float c) {
+  const double p = static_cast<double>(a) * static_cast<double>(b);
+  const double dc = static_cast<double>(c);
+  const double s = p + dc;
+  const double bb = s - p;
+  const double e = (p - (s - bb)) + (dc - bb);
+  uint64_t bits, ebits;
+  std::memcpy(&bits, &s, sizeof(bits));
+  std::memcpy(&ebits, &e, sizeof(ebits));
+  // Branch-free, so that the lane loops vectorise. e of the other sign: s was rounded away from
+  // zero, and its odd neighbour towards zero is one below in magnitude.
+  const uint64_t inexact = (e != 0.0) & (std::fabs(s) <= std::numeric_limits<double>::max());
+  bits = (bits - (((bits ^ ebits) >> 63) & inexact)) | inexact;
+  double odd;
+  std::memcpy(&odd, &bits, sizeof(odd));
+  return static_cast<float>(odd);
+}
+#endif
+#if !defined(__FP_FAST_FMAF) && defined(__SSE2__)
+// fma_exact on two lanes at once with SSE2 (the x86-64 baseline); the same steps.
+inline __m128d fma_exact_pd(__m128d p, __m128d dc) {
+  const __m128d s = _mm_add_pd(p, dc);
+  const __m128d bb = _mm_sub_pd(s, p);
+  const __m128d e = _mm_add_pd(_mm_sub_pd(p, _mm_sub_pd(s, bb)), _mm_sub_pd(dc, bb));
+  const __m128d abs_s = _mm_andnot_pd(_mm_set1_pd(-0.0), s);
+  const __m128d inexact = _mm_and_pd(_mm_cmpneq_pd(e, _mm_setzero_pd()),
+                                     _mm_cmple_pd(abs_s, _mm_set1_pd(std::numeric_limits<double>::max())));
+  const __m128i one = _mm_and_si128(_mm_castpd_si128(inexact), _mm_set1_epi64x(1));
+  const __m128i bits = _mm_castpd_si128(s);
+  const __m128i away = _mm_and_si128(
+      _mm_srli_epi64(_mm_xor_si128(bits, _mm_castpd_si128(e)), 63), one);
+  return _mm_castsi128_pd(_mm_or_si128(_mm_sub_epi64(bits, away), one));
+}
+inline __m128 fma_exact_ps(__m128 a, __m128 b, __m128 c) {
+  const __m128d lo = fma_exact_pd(_mm_mul_pd(_mm_cvtps_pd(a), _mm_cvtps_pd(b)), _mm_cvtps_pd(c));
+  const __m128d hi = fma_exact_pd(
+      _mm_mul_pd(_mm_cvtps_pd(_mm_movehl_ps(a, a)), _mm_cvtps_pd(_mm_movehl_ps(b, b))),
+      _mm_cvtps_pd(_mm_movehl_ps(c, c)));
+  return _mm_movelh_ps(_mm_cvtpd_ps(lo), _mm_cvtpd_ps(hi));
+}
 inline Blk blk_fmadd(const Blk& a, const Blk& b, const Blk& c) {
   Blk r;
-  for (int l = 0; l < kBlock; ++l) r.x[l] = std::fma(a.x[l], b.x[l], c.x[l]);
+  for (int l = 0; l < kBlock; l += 4) {
+    _mm_storeu_ps(r.x + l, fma_exact_ps(_mm_loadu_ps(a.x + l), _mm_loadu_ps(b.x + l),
+                                        _mm_loadu_ps(c.x + l)));
+  }
   return r;
 }
+#else
+inline Blk blk_fmadd(const Blk& a, const Blk& b, const Blk& c) {
+  Blk r;
+  for (int l = 0; l < kBlock; ++l) r.x[l] = fma_exact(a.x[l], b.x[l], c.x[l]);
+  return r;
+}
+#endif
 inline Blk blk_and(const Blk& a, const Blk& m) {
   uint32_t x[kBlock], y[kBlock];
   std::memcpy(x, a.x, sizeof(x));
