@@ -166,7 +166,8 @@ inline void update_head(S* st, int64_t K_, int64_t rows, const float* kd, const 
     for (int r = 0; r < R; ++r) {
       u[r] = blk_zero();
     }
-    for_blocks<KC>(full, [&](int64_t t) __attribute__((always_inline)) { dot_block(s, t, kBlock); });
+    for_blocks<KC>(full,
+                   [&](int64_t t) __attribute__((always_inline)) { dot_block(s, t, kBlock); });
     if (tail) {
       dot_block(s, full, tail);
     }

@@ -63,7 +63,8 @@ inline Blk blk_fmadd(const Blk& a, const Blk& b, const Blk& c) {
 }
 inline Blk blk_and(const Blk& a, const Blk& m) { return {_mm512_and_ps(a.v, m.v)}; }
 inline Blk blk_canonical_nan(const Blk& a) {
-  return {_mm512_mask_mov_ps(a.v, _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q), _mm512_set1_ps(kNaN))};
+  const __mmask16 nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
+  return {_mm512_mask_mov_ps(a.v, nan, _mm512_set1_ps(kNaN))};
 }
 // lo + hi, lane-wise.
 inline __m256 blk_fold(const Blk& a) {
@@ -134,8 +135,8 @@ inline float fma_exact(float a, float b, float c) {
   uint64_t bits, ebits;
   std::memcpy(&bits, &s, sizeof(bits));
   std::memcpy(&ebits, &e, sizeof(ebits));
-  // Branch-free, so that the lane loops vectorise. e of the other sign: s was rounded away from
-  // zero, and its odd neighbour towards zero is one below in magnitude.
+  // e of the other sign: s was rounded away from zero, and its odd neighbour towards zero is one
+  // below in magnitude (branch-free, as the SSE2 form below).
   const uint64_t inexact = (e != 0.0) & (std::fabs(s) <= std::numeric_limits<double>::max());
   bits = (bits - (((bits ^ ebits) >> 63) & inexact)) | inexact;
   double odd;
@@ -150,8 +151,8 @@ inline __m128d fma_exact_pd(__m128d p, __m128d dc) {
   const __m128d bb = _mm_sub_pd(s, p);
   const __m128d e = _mm_add_pd(_mm_sub_pd(p, _mm_sub_pd(s, bb)), _mm_sub_pd(dc, bb));
   const __m128d abs_s = _mm_andnot_pd(_mm_set1_pd(-0.0), s);
-  const __m128d inexact = _mm_and_pd(_mm_cmpneq_pd(e, _mm_setzero_pd()),
-                                     _mm_cmple_pd(abs_s, _mm_set1_pd(std::numeric_limits<double>::max())));
+  const __m128d finite = _mm_cmple_pd(abs_s, _mm_set1_pd(std::numeric_limits<double>::max()));
+  const __m128d inexact = _mm_and_pd(_mm_cmpneq_pd(e, _mm_setzero_pd()), finite);
   const __m128i one = _mm_and_si128(_mm_castpd_si128(inexact), _mm_set1_epi64x(1));
   const __m128i bits = _mm_castpd_si128(s);
   const __m128i away = _mm_and_si128(
@@ -383,7 +384,8 @@ struct StateIo<c10::BFloat16> {
   using S = c10::BFloat16;
   static inline void widen(__m256i x, Blk& a) {
     a.lo = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
-    a.hi = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+    const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    a.hi = _mm256_castsi256_ps(_mm256_and_si256(x, high));
   }
   static inline void load(const S* p, Blk& a) {
     widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), a);

@@ -90,7 +90,8 @@ int main() {
         break;
       default: {
         // Small values: products and sums in the float denormal range.
-        const float x = std::ldexp(static_cast<float>((r2 >> 8) & 0xffffff), -150 + (r2 >> 40) % 40);
+        const int e = -150 + static_cast<int>((r2 >> 40) % 40);
+        const float x = std::ldexp(static_cast<float>((r2 >> 8) & 0xffffff), e);
         c = (r2 >> 63) ? -x : x;
       }
     }
