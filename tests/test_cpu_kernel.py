@@ -157,6 +157,53 @@ def test_portable_fused_multiply_add_is_exact(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_avx512_code_matches_avx2_on_intrinsic_stand_ins(tmp_path):
+    """Where the CPU has no AVX-512 (so the real avx512 and avx512bf16 variants cannot run), their
+    kernel code runs on a labelled test double instead: scalar stand-ins for the AVX-512
+    intrinsics (tests/cpp/avx512_standin/standin.h), compiled with the AVX2 flags, against the real
+    AVX2 kernel, bit for bit (tests/cpp/avx512_standin/compare.cpp). This checks the code's logic
+    (lane orders, masks, the bf16 guard and permute), not the instructions."""
+    isas = custom_ops.cpu_isas()
+    if "avx512" in isas:
+        pytest.skip("the real AVX-512 variants run here (test_every_variant_gives_the_same_bits)")
+    if "avx2" not in isas:
+        pytest.skip("no AVX2 on this CPU or build: the comparison needs the AVX2 kernel")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    here = ROOT / "tests" / "cpp" / "avx512_standin"
+    cxx = os.environ.get("CXX", "c++")
+    common = ["-O2", "-std=c++20", "-fopenmp", "-ffp-contract=off", "-Wno-psabi",
+              f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+              "-DCUSTOM_OPS_WITH_AVX2", "-DCUSTOM_OPS_WITH_AVX512", "-DCUSTOM_OPS_WITH_AVX512BF16",
+              f"-I{ROOT / 'csrc'}", *[f"-I{p}" for p in include_paths()],
+              "-mavx2", "-mfma", "-mf16c"]
+    units = {
+        "avx2.o": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2",
+                   str(ROOT / "csrc" / "cpu" / "kernel_avx2.cpp")],
+        "avx512.o": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512",
+                     str(here / "kernel_standin.cpp")],
+        "avx512bf16.o": ["-DCPU_CAPABILITY=AVX512BF16", "-DCPU_CAPABILITY_AVX512",
+                         "-D__AVX512BF16__", str(here / "kernel_standin.cpp")],
+        "compare.o": [str(here / "compare.cpp")],
+    }
+
+    def compile_unit(item):
+        obj, args = item
+        subprocess.run([cxx, *common, "-c", *args, "-o", str(tmp_path / obj)], check=True)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(compile_unit, units.items()))
+    exe = tmp_path / "compare"
+    libs = library_paths()
+    subprocess.run([cxx, "-fopenmp", *[str(tmp_path / o) for o in units],
+                    *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
+                    "-lc10", "-ltorch_cpu", "-o", str(exe)], check=True)
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_avx512bf16_narrowing_is_exact_for_every_fp32(tmp_path):
     """The AVX512-BF16 variant's bf16 narrowing gives the integer rounding's bits for all 2^32
     fp32 inputs (tests/cpp/bf16_narrow_exhaustive.cpp, built with that variant's flags)."""
