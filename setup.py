@@ -96,7 +96,7 @@ if WITH_AVX512BF16:
     DEFINES.append(("CUSTOM_OPS_WITH_AVX512BF16", "1"))
 
 # The kernel variants and their instruction-set flags. Each gets its own CPU_CAPABILITY so that
-# at::vec's inline namespace keeps the variants' symbols apart (as in ATen).
+# the kernel's (and c10's) CPU_CAPABILITY namespaces keep the variants' symbols apart (as in ATen).
 #
 # Per-file flags the standard way: each variant is a static library of setuptools' build_clib
 # (compiled -fPIC with its own cflags), linked into _C. Not `#pragma GCC target`: GCC and clang
@@ -113,7 +113,7 @@ KERNEL_VARIANTS = [
     ("avx512", WITH_AVX512,
      ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512",
       "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"]),
-    # at::vec's AVX-512 code (CPU_CAPABILITY_AVX512) in a namespace of its own.
+    # vec.h's AVX-512 code (CPU_CAPABILITY_AVX512) in a namespace of its own.
     ("avx512bf16", WITH_AVX512BF16,
      ["-DCPU_CAPABILITY=AVX512BF16", "-DCPU_CAPABILITY_AVX512", *AVX512BF16_FLAGS, "-mfma",
       "-mf16c"]),

@@ -138,20 +138,46 @@ def test_every_variant_gives_the_same_bits_over_a_decode(case, state_dtype):
     _assert_variants_agree(_per_variant(x, isas, steps=4))
 
 
+CPP = ROOT / "tests" / "cpp"
+
+
+def _build_and_run(tmp_path, units, *, flags=(), link_torch=False, timeout=900):
+    """Compiles each of `units` ({object name: compiler arguments}, two at a time) with the
+    kernel's include paths and `flags`, links them (with torch's libraries if `link_torch`) and
+    runs the program; its CompletedProcess."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    cxx = os.environ.get("CXX", "c++")
+    common = ["-O2", "-std=c++20", *flags, f"-I{ROOT / 'csrc'}",
+              *[f"-I{p}" for p in include_paths()]]
+
+    def compile_unit(item):
+        obj, args = item
+        subprocess.run([cxx, *common, "-c", *args, "-o", str(tmp_path / obj)], check=True)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(compile_unit, units.items()))
+    link = []
+    if link_torch:  # at::parallel_for is OpenMP
+        libs = library_paths()
+        link = ["-fopenmp", *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
+                "-lc10", "-ltorch_cpu"]
+    exe = tmp_path / "program"
+    subprocess.run([cxx, *[str(tmp_path / o) for o in units], *link, "-o", str(exe)], check=True)
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
 def test_portable_fused_multiply_add_is_exact(tmp_path):
     """The portable variant's fused multiply-add without an FMA instruction (vec.h: fma_exact, a
     round-to-odd double sum) gives the hardware FMA's bits (tests/cpp/fma_exact.cpp, built with
     the portable variant's flags): 32 million cases, 12 million of them built where plain double
     rounding is wrong."""
-    from torch.utils.cpp_extension import include_paths
-
-    flags = ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT", "-ffp-contract=off"]
-    exe = tmp_path / "fma_exact"
-    cxx = os.environ.get("CXX", "c++")
-    subprocess.run([cxx, "-O2", "-std=c++20", *flags, f"-I{ROOT / 'csrc'}",
-                    *[f"-I{p}" for p in include_paths()],
-                    str(ROOT / "tests" / "cpp" / "fma_exact.cpp"), "-o", str(exe)], check=True)
-    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, check=False)
+    result = _build_and_run(
+        tmp_path, {"fma_exact.o": [str(CPP / "fma_exact.cpp")]},
+        flags=["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT", "-ffp-contract=off"])
     if result.returncode == 77:
         pytest.skip(result.stdout.strip())
     assert result.returncode == 0, result.stdout + result.stderr
@@ -168,17 +194,11 @@ def test_avx512_code_matches_avx2_on_intrinsic_stand_ins(tmp_path):
         pytest.skip("the real AVX-512 variants run here (test_every_variant_gives_the_same_bits)")
     if "avx2" not in isas:
         pytest.skip("no AVX2 on this CPU or build: the comparison needs the AVX2 kernel")
-    from concurrent.futures import ThreadPoolExecutor
-
-    from torch.utils.cpp_extension import include_paths, library_paths
-
-    here = ROOT / "tests" / "cpp" / "avx512_standin"
-    cxx = os.environ.get("CXX", "c++")
-    common = ["-O2", "-std=c++20", "-fopenmp", "-ffp-contract=off", "-Wno-psabi",
-              f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-              "-DCUSTOM_OPS_WITH_AVX2", "-DCUSTOM_OPS_WITH_AVX512", "-DCUSTOM_OPS_WITH_AVX512BF16",
-              f"-I{ROOT / 'csrc'}", *[f"-I{p}" for p in include_paths()],
-              "-mavx2", "-mfma", "-mf16c"]
+    here = CPP / "avx512_standin"
+    flags = ["-fopenmp", "-ffp-contract=off", "-Wno-psabi",
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+             "-DCUSTOM_OPS_WITH_AVX2", "-DCUSTOM_OPS_WITH_AVX512", "-DCUSTOM_OPS_WITH_AVX512BF16",
+             "-mavx2", "-mfma", "-mf16c"]
     units = {
         "avx2.o": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2",
                    str(ROOT / "csrc" / "cpu" / "kernel_avx2.cpp")],
@@ -188,19 +208,7 @@ def test_avx512_code_matches_avx2_on_intrinsic_stand_ins(tmp_path):
                          "-D__AVX512BF16__", str(here / "kernel_standin.cpp")],
         "compare.o": [str(here / "compare.cpp")],
     }
-
-    def compile_unit(item):
-        obj, args = item
-        subprocess.run([cxx, *common, "-c", *args, "-o", str(tmp_path / obj)], check=True)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        list(pool.map(compile_unit, units.items()))
-    exe = tmp_path / "compare"
-    libs = library_paths()
-    subprocess.run([cxx, "-fopenmp", *[str(tmp_path / o) for o in units],
-                    *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
-                    "-lc10", "-ltorch_cpu", "-o", str(exe)], check=True)
-    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900, check=False)
+    result = _build_and_run(tmp_path, units, flags=flags, link_torch=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -209,18 +217,12 @@ def test_avx512bf16_narrowing_is_exact_for_every_fp32(tmp_path):
     fp32 inputs (tests/cpp/bf16_narrow_exhaustive.cpp, built with that variant's flags)."""
     if "avx512bf16" not in custom_ops.cpu_isas():
         pytest.skip("this build or CPU has no avx512bf16 variant")
-    from torch.utils.cpp_extension import include_paths
-
     # setup.py's flags for the variant.
     flags = ["-DCPU_CAPABILITY=AVX512BF16", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw",
              "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma", "-mf16c"]
-    exe = tmp_path / "bf16_narrow_exhaustive"
-    cxx = os.environ.get("CXX", "c++")
-    subprocess.run([cxx, "-O2", "-std=c++20", *flags, f"-I{ROOT / 'csrc'}",
-                    *[f"-I{p}" for p in include_paths()],
-                    str(ROOT / "tests" / "cpp" / "bf16_narrow_exhaustive.cpp"), "-o", str(exe)],
-                   check=True)
-    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900, check=False)
+    result = _build_and_run(
+        tmp_path, {"bf16_narrow_exhaustive.o": [str(CPP / "bf16_narrow_exhaustive.cpp")]},
+        flags=flags)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

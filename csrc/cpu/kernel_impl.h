@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <type_traits>
 #include <utility>
 
 #include "cpu/kernel.h"
