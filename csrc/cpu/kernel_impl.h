@@ -109,6 +109,17 @@ __attribute__((always_inline)) inline void for_blocks(int64_t full, F&& f) {
   }
 }
 
+// f(std::integral_constant<int, r>{}) for r = 0 .. N - 1, unrolled in the source. A plain loop
+// over a group's rows is unrolled only after GCC's scalar replacement of aggregates has run, so
+// arrays of four rows' accumulators indexed by it stay on the stack: every FMA of a dot product
+// would then go through a store and a load. Constant indices keep them in registers.
+template <int N, typename F>
+__attribute__((always_inline)) inline void for_rows(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) __attribute__((always_inline)) {
+    (f(std::integral_constant<int, I>{}), ...);
+  }(std::make_integer_sequence<int, N>{});
+}
+
 // The state rows of one value head (rows x K, rows a multiple of R) and their outputs:
 //   u = S (exp(g) k); delta = beta (v - u); S' = exp(g) S + delta k^T; o = S' q.
 // kd = exp(g) k, k and q are the head's fp32 vectors in the state's element order, zero-padded to
@@ -135,7 +146,7 @@ inline void update_head(S* st, int64_t K_, int64_t rows, const float* kd, const 
   // Scalar math: u[r] += sum_{t in block} s[r][t] * kd[t]
   auto dot_block = [&](const S* s, int64_t t, int64_t n) __attribute__((always_inline)) {
     const Blk kb = blk_load(kd + t);
-    for (int r = 0; r < R; ++r) {
+    for_rows<R>([&](auto r) __attribute__((always_inline)) {
       Blk x;
       if (n == kBlock) {
         prefetch_line(s + r * K + t, t);
@@ -144,27 +155,27 @@ inline void update_head(S* st, int64_t K_, int64_t rows, const float* kd, const 
         StateIo<S>::load(s + r * K + t, n, x);
       }
       u[r] = blk_fmadd(x, kb, u[r]);
-    }
+    });
   };
   // The deltas of the group at `row`. When every u and delta is finite, no updated state value
   // can be NaN: finite u means every s[t] and kd[t] was finite (an infinite or NaN term keeps the
   // sum non-finite), so decay*s[t] is finite and adding delta*k[t] can at most overflow to +-Inf.
   // The stores can then skip their NaN handling (StateIo::store_finite).
-  auto dot_end = [&](int64_t row, int slot) {
+  auto dot_end = [&](int64_t row, int slot) __attribute__((always_inline)) {
     float sums[R];
     sum_rows<R>(u, sums);
     bool fin = true;
-    for (int r = 0; r < R; ++r) {
+    for_rows<R>([&](auto r) __attribute__((always_inline)) {
       delta[slot][r] = beta * (static_cast<float>(v[(row + r) * cs]) - sums[r]);
       fin = fin && std::isfinite(sums[r]) && std::isfinite(delta[slot][r]);
-    }
+    });
     finite[slot] = fin;
   };
-  auto dot_rows = [&](int64_t row, int slot) {
+  auto dot_rows = [&](int64_t row, int slot) __attribute__((always_inline)) {
     const S* s = st + row * K;
-    for (int r = 0; r < R; ++r) {
+    for_rows<R>([&](auto r) __attribute__((always_inline)) {
       u[r] = blk_zero();
-    }
+    });
     for_blocks<KC>(full,
                    [&](int64_t t) __attribute__((always_inline)) { dot_block(s, t, kBlock); });
     if (tail) {
@@ -179,17 +190,17 @@ inline void update_head(S* st, int64_t K_, int64_t rows, const float* kd, const 
     S* s = st + g * K;
     const S* ahead = s + 2 * R * K;
     Blk vdelta[R], acc[R];
-    for (int r = 0; r < R; ++r) {
+    for_rows<R>([&](auto r) __attribute__((always_inline)) {
       vdelta[r] = blk_set1(delta[slot][r]);
       acc[r] = blk_zero();
       if constexpr (kAhead) {
         u[r] = blk_zero();
       }
-    }
+    });
     // Scalar math: s[r][t] = decay * s[r][t] + delta[r] * k[t]; o[r] += s[r][t] * q[t]
     auto update_block = [&](int64_t t, int64_t n) __attribute__((always_inline)) {
       const Blk kb = blk_load(k + t), qb = blk_load(q + t);
-      for (int r = 0; r < R; ++r) {
+      for_rows<R>([&](auto r) __attribute__((always_inline)) {
         S* p = s + r * K + t;
         Blk x;
         if (n == kBlock) {
@@ -211,7 +222,7 @@ inline void update_head(S* st, int64_t K_, int64_t rows, const float* kd, const 
         } else {
           StateIo<S>::store(p, x);
         }
-      }
+      });
     };
     for_blocks<KC>(full, [&](int64_t t) __attribute__((always_inline)) {
       update_block(t, kBlock);
@@ -230,9 +241,9 @@ inline void update_head(S* st, int64_t K_, int64_t rows, const float* kd, const 
     }
     float orow[R];
     sum_rows<R>(acc, orow);
-    for (int r = 0; r < R; ++r) {
+    for_rows<R>([&](auto r) __attribute__((always_inline)) {
       o[g + r] = static_cast<T>(std::isnan(orow[r]) ? kNaN : orow[r]);
-    }
+    });
   };
 
   dot_rows(0, 0);

@@ -1,0 +1,96 @@
+"""A static check of the AVX-512 kernel's machine code, for the CPUs the test machine may not be.
+
+The AVX-512 variants run only on CPUs that have AVX-512; where the tests run without it, their
+speed cannot be seen. One property decides much of it and can be read from the built library: a
+row group's dot-product accumulators must stay in registers (AVX-512 has 32). A compiler that keeps
+them on the stack makes every FMA of a dot product wait for a store and a reload; that happened once
+(an out-of-line lambda and row loops unrolled too late), and the bits were the same, so no other
+test saw it. This test disassembles the library's K-specialised AVX-512 row kernels with objdump
+and fails where an accumulator lives on the stack. It reads the code the compiler made; it does not
+time it.
+"""
+
+import importlib.util
+import re
+import shutil
+import subprocess
+
+import pytest
+
+FUNCTION = re.compile(r"^[0-9a-f]+ <(.*)>:$")
+INSTRUCTION = re.compile(r"^\s*([0-9a-f]+):\s+(.*)$")
+ZMM_STACK = re.compile(r"%zmm\d+.*\(%r[sb]p\)|\(%r[sb]p\).*%zmm\d+")
+# The row kernels specialised on K: their block loops are unrolled, so the whole function is the
+# loop over row groups. (The generic one parks its accumulators around the last partial block,
+# outside its block loops, which costs little.)
+ROW_KERNEL = re.compile(r"AVX512\w*::\(anonymous namespace\)::update_head<[^,]+, \d+, (64|128|256),")
+
+
+def _library():
+    return importlib.util.find_spec("custom_ops._C").origin
+
+
+def _functions(lib, pattern):
+    """(name, [(address, instruction)]) for every function of lib whose name matches pattern."""
+    text = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", lib], check=True,
+                          capture_output=True, text=True).stdout
+    found, name, body = [], None, []
+    for line in text.splitlines() + ["0 <end>:"]:
+        m = FUNCTION.match(line)
+        if m:
+            if name is not None and pattern.search(name):
+                found.append((name, body))
+            name, body = m.group(1), []
+        elif name is not None and (m := INSTRUCTION.match(line)):
+            body.append((int(m.group(1), 16), m.group(2).strip()))
+    return found
+
+
+SLOT = re.compile(r"(-?(?:0x[0-9a-f]+)?\(%r[sb]p\))")
+FMA = re.compile(r"^vfn?m(?:add|sub)")
+
+
+def accumulators_on_the_stack(body):
+    """Instructions that keep a zmm accumulator on the stack: an FMA reading its addend from a
+    stack slot, or a stack slot that a zmm register goes to and comes back from more than once
+    (once is a value parked across a branch)."""
+    found, stores, loads, moves = [], {}, {}, {}
+    for _, ins in body:
+        if not ZMM_STACK.search(ins):
+            continue
+        if FMA.match(ins):
+            found.append(ins)
+            continue
+        slot = SLOT.search(ins).group(1)
+        operands = ins.split(None, 1)[1]
+        counts = stores if operands.index(slot) > operands.index("%zmm") else loads
+        counts[slot] = counts.get(slot, 0) + 1
+        moves.setdefault(slot, []).append(ins)
+    return found + [ins for slot, slot_moves in moves.items()
+                    if min(stores.get(slot, 0), loads.get(slot, 0)) >= 2 for ins in slot_moves]
+
+
+def test_the_check_finds_a_spilled_accumulator():
+    """The negative control: accumulators kept on the stack are found, a value parked once is not."""
+    direct = [(0x10, "vmovups (%rax),%zmm1"), (0x16, "vfmadd213ps 0x40(%rsp),%zmm2,%zmm1"),
+              (0x1e, "vmovaps %zmm1,0x40(%rsp)")]
+    assert accumulators_on_the_stack(direct) == ["vfmadd213ps 0x40(%rsp),%zmm2,%zmm1"]
+    through = [(0x10, "vmovaps 0x40(%rsp),%zmm1"), (0x16, "vfmadd231ps (%rax),%zmm2,%zmm1"),
+               (0x1c, "vmovaps %zmm1,0x40(%rsp)"), (0x22, "vmovaps 0x40(%rsp),%zmm1"),
+               (0x28, "vfmadd231ps 0x40(%rax),%zmm2,%zmm1"), (0x2e, "vmovaps %zmm1,0x40(%rsp)")]
+    assert len(accumulators_on_the_stack(through)) == 4
+    assert accumulators_on_the_stack(through[:3]) == []
+    assert accumulators_on_the_stack([(0x10, "vmovaps %ymm1,0x40(%rsp)"),
+                                      (0x16, "vfmadd213ps 0x40(%rsp),%ymm2,%ymm1")]) == []
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
+def test_avx512_row_kernels_keep_their_accumulators_in_registers():
+    lib = _library()
+    kernels = _functions(lib, ROW_KERNEL)
+    if not kernels:
+        pytest.skip(f"no AVX-512 row kernel symbols in {lib} (built with CUSTOM_OPS_NO_AVX512=1, "
+                    "or stripped)")
+    spilled = {name: moves for name, body in kernels if (moves := accumulators_on_the_stack(body))}
+    assert not spilled, (
+        f"{len(spilled)} of {len(kernels)} AVX-512 row kernels keep accumulators on the stack:\n" + "\n".join(f"{len(m)}x in {n}: {m[0]}" for n, m in spilled.items()))
