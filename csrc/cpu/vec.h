@@ -289,20 +289,42 @@ struct StateIo<float> {
   }
 };
 
-// Pair order in one register: the 16 words broadcast to both halves, then lanes 0-7 shifted
-// (element 2i to the high half) and lanes 8-15 masked (element 2i + 1 stays there).
+// Pair order with one in-lane byte shuffle: the 16 words broadcast to both 256-bit halves (from
+// memory that is a plain load), then dword i of the low half takes word 2i into its high bytes
+// (element 2i), dword i of the high half word 2i + 1 (element 2i + 1), the low bytes zero.
 inline Blk widen_bf16(__m256i w) {
-  const __m512i x = _mm512_broadcast_i64x4(w);
-  const __m512i odd = _mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
-  return {_mm512_castsi512_ps(_mm512_mask_slli_epi32(odd, 0x00ff, x, 16))};
+  const __m512i ctrl = _mm512_set_epi32(  // per 128-bit lane; 0x80: a zero byte
+      0x0f0e8080, 0x0b0a8080, 0x07068080, 0x03028080, 0x0f0e8080, 0x0b0a8080, 0x07068080,
+      0x03028080, 0x0d0c8080, 0x09088080, 0x05048080, 0x01008080, 0x0d0c8080, 0x09088080,
+      0x05048080, 0x01008080);
+  return {_mm512_castsi512_ps(_mm512_shuffle_epi8(_mm512_broadcast_i64x4(w), ctrl))};
+}
+// round_bf16_high_no_nan on all 16 lanes at once, then the rounded high words picked into memory
+// order (element 2i from lane i, element 2i + 1 from lane 8 + i) by one word permute: about half
+// the instructions of rounding the two 256-bit halves.
+inline __m256i bf16_words(__m512i high) {
+  // Word 2i <- word 2i + 1 (lane i), word 2i + 1 <- word 17 + 2i (lane 8 + i).
+  const __m512i order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, (31 << 16) | 15, (29 << 16) | 13,
+                                         (27 << 16) | 11, (25 << 16) | 9, (23 << 16) | 7,
+                                         (21 << 16) | 5, (19 << 16) | 3, (17 << 16) | 1);
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi16(order, high));
+}
+inline __m512i round_bf16_high_no_nan(const Blk& a) {
+  const __m512i bits = _mm512_castps_si512(a.v);
+  const __mmask16 tie_even =
+      _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x1ffff)),
+                              _mm512_set1_epi32(0x8000));
+  const __m512i up = _mm512_add_epi32(bits, _mm512_set1_epi32(0x8000));
+  return _mm512_mask_sub_epi32(up, tie_even, up, _mm512_set1_epi32(1));
 }
 inline __m256i narrow_bf16(const Blk& a) {
-  const __m256 lo = _mm512_castps512_ps256(a.v), hi = _mm512_extractf32x8_ps(a.v, 1);
-  return pair_words(round_bf16_high(lo), round_bf16_high(hi));
+  const __mmask16 nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
+  return bf16_words(
+      _mm512_mask_mov_epi32(round_bf16_high_no_nan(a), nan, _mm512_set1_epi32(0x7fc00000)));
 }
 inline __m256i narrow_bf16_finite(const Blk& a) {
 #if defined(__AVX512BF16__)
-  // vcvtneps2bf16 rounds to nearest even like round_bf16_high except for NaNs (it keeps the
+  // vcvtneps2bf16 rounds to nearest even like round_bf16_high_no_nan except for NaNs (it keeps the
   // payload) and fp32 denormals (it flushes them): blocks holding either take the integer path.
   // Checked over all 2^32 inputs by tests/cpp/bf16_narrow_exhaustive.cpp.
   constexpr int kNanOrDenormal = 0x01 | 0x20 | 0x80;  // fpclass: QNaN | denormal | SNaN
@@ -313,8 +335,7 @@ inline __m256i narrow_bf16_finite(const Blk& a) {
     return _mm256_permutexvar_epi16(order, words);
   }
 #endif
-  const __m256 lo = _mm512_castps512_ps256(a.v), hi = _mm512_extractf32x8_ps(a.v, 1);
-  return pair_words(round_bf16_high_no_nan(lo), round_bf16_high_no_nan(hi));
+  return bf16_words(round_bf16_high_no_nan(a));
 }
 template <>
 struct StateIo<c10::BFloat16> {

@@ -127,13 +127,64 @@ inline __m512i broadcast_i64x4(__m256i a) {
   std::memcpy(reinterpret_cast<char*>(&r) + 32, &a, 32);
   return r;
 }
-inline __m512i mask_slli_epi32(__m512i src, __mmask16 k, __m512i a, unsigned imm) {
+inline __m512i set_epi32(int e15, int e14, int e13, int e12, int e11, int e10, int e9, int e8,
+                         int e7, int e6, int e5, int e4, int e3, int e2, int e1, int e0) {
+  return vec(I16{{e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15}});
+}
+inline __m512i castps_si512(__m512 a) { return bits_as<__m512i>(a); }
+inline __m256i castsi512_si256(__m512i a) {
+  __m256i r;
+  std::memcpy(&r, &a, 32);
+  return r;
+}
+inline __m512i add_epi32(__m512i a, __m512i b) {
+  I16 r = lanes(a);
+  const I16 y = lanes(b);
+  for (int l = 0; l < 16; ++l) r.v[l] = int32_t(uint32_t(r.v[l]) + uint32_t(y.v[l]));
+  return vec(r);
+}
+inline __m512i mask_sub_epi32(__m512i src, __mmask16 k, __m512i a, __m512i b) {
+  I16 r = lanes(src);
+  const I16 x = lanes(a), y = lanes(b);
+  for (int l = 0; l < 16; ++l) {
+    if (set(k, l)) r.v[l] = int32_t(uint32_t(x.v[l]) - uint32_t(y.v[l]));
+  }
+  return vec(r);
+}
+inline __m512i mask_mov_epi32(__m512i src, __mmask16 k, __m512i a) {
   I16 r = lanes(src);
   const I16 x = lanes(a);
   for (int l = 0; l < 16; ++l) {
-    if (set(k, l)) r.v[l] = imm > 31 ? 0 : int32_t(uint32_t(x.v[l]) << imm);
+    if (set(k, l)) r.v[l] = x.v[l];
   }
   return vec(r);
+}
+inline __mmask16 cmpeq_epi32_mask(__m512i a, __m512i b) {
+  const I16 x = lanes(a), y = lanes(b);
+  unsigned k = 0;
+  for (int l = 0; l < 16; ++l) k |= unsigned(x.v[l] == y.v[l]) << l;
+  return static_cast<__mmask16>(k);
+}
+// vpshufb: within each 128-bit lane, byte j takes byte (b[j] & 15) of a's lane, or 0 if b[j] has
+// its top bit set.
+inline __m512i shuffle_epi8(__m512i a, __m512i b) {
+  uint8_t x[64], c[64], r[64];
+  std::memcpy(x, &a, 64);
+  std::memcpy(c, &b, 64);
+  for (int j = 0; j < 64; ++j) r[j] = (c[j] & 0x80) ? 0 : x[(j & 0x30) | (c[j] & 0x0f)];
+  __m512i out;
+  std::memcpy(&out, r, 64);
+  return out;
+}
+// vpermw (512-bit): word j takes word idx[j] & 31 of a.
+inline __m512i permutexvar_epi16_512(__m512i idx, __m512i a) {
+  uint16_t i[32], x[32], r[32];
+  std::memcpy(i, &idx, 64);
+  std::memcpy(x, &a, 64);
+  for (int j = 0; j < 32; ++j) r[j] = x[i[j] & 31];
+  __m512i out;
+  std::memcpy(&out, r, 64);
+  return out;
 }
 inline __m256i maskz_loadu_epi16(__mmask16 k, const void* p) {
   W16 r{};
@@ -208,9 +259,17 @@ inline __m256i cvtneps_pbh(__m512 a) {
 #undef _mm512_setzero_ps
 #undef _mm512_cmp_ps_mask
 #undef _mm512_extractf32x8_ps
-#undef _mm512_mask_slli_epi32
 #undef _mm512_cvtps_ph
 #undef _mm512_fpclass_ps_mask
+#undef _mm512_set_epi32
+#undef _mm512_castps_si512
+#undef _mm512_castsi512_si256
+#undef _mm512_add_epi32
+#undef _mm512_mask_sub_epi32
+#undef _mm512_mask_mov_epi32
+#undef _mm512_cmpeq_epi32_mask
+#undef _mm512_shuffle_epi8
+#undef _mm512_permutexvar_epi16
 #define _mm512_setzero_ps standin::setzero_ps
 #define _mm512_set1_ps standin::set1_ps
 #define _mm512_set1_epi32 standin::set1_epi32
@@ -229,7 +288,6 @@ inline __m256i cvtneps_pbh(__m512 a) {
 #define _mm512_cvtss_f32 standin::cvtss_f32
 #define _mm512_castsi512_ps standin::castsi512_ps
 #define _mm512_broadcast_i64x4 standin::broadcast_i64x4
-#define _mm512_mask_slli_epi32 standin::mask_slli_epi32
 #define _mm256_maskz_loadu_epi16 standin::maskz_loadu_epi16
 #define _mm256_mask_storeu_epi16 standin::mask_storeu_epi16
 #define _mm256_permutexvar_epi16 standin::permutexvar_epi16
@@ -237,3 +295,12 @@ inline __m256i cvtneps_pbh(__m512 a) {
 #define _mm512_cvtps_ph standin::cvtps_ph
 #define _mm512_fpclass_ps_mask standin::fpclass_ps_mask
 #define _mm512_cvtneps_pbh standin::cvtneps_pbh
+#define _mm512_set_epi32 standin::set_epi32
+#define _mm512_castps_si512 standin::castps_si512
+#define _mm512_castsi512_si256 standin::castsi512_si256
+#define _mm512_add_epi32 standin::add_epi32
+#define _mm512_mask_sub_epi32 standin::mask_sub_epi32
+#define _mm512_mask_mov_epi32 standin::mask_mov_epi32
+#define _mm512_cmpeq_epi32_mask standin::cmpeq_epi32_mask
+#define _mm512_shuffle_epi8 standin::shuffle_epi8
+#define _mm512_permutexvar_epi16 standin::permutexvar_epi16_512
