@@ -251,7 +251,7 @@ inline void sum_rows(const Blk* v, float* out) {
 template <typename S>
 struct StateIo;
 
-#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX2)
 // bf16 rounding in integers, the result in the HIGH 16 bits of each 32-bit lane (the low bits are
 // garbage). Scalar math: bits + 0x8000 - (low 17 bits == 0x8000), which carries into the high half
 // exactly when bits + 0x7fff + ((bits >> 16) & 1) does (a tie rounds up only from an odd value),
@@ -299,9 +299,9 @@ inline Blk widen_bf16(__m256i w) {
       0x05048080, 0x01008080);
   return {_mm512_castsi512_ps(_mm512_shuffle_epi8(_mm512_broadcast_i64x4(w), ctrl))};
 }
-// round_bf16_high_no_nan on all 16 lanes at once, then the rounded high words picked into memory
-// order (element 2i from lane i, element 2i + 1 from lane 8 + i) by one word permute: about half
-// the instructions of rounding the two 256-bit halves.
+// The rounded high words of a block picked into memory order (element 2i from lane i, element
+// 2i + 1 from lane 8 + i) by one word permute. With the rounding on all 16 lanes at once, about
+// half the instructions of rounding two 256-bit halves.
 inline __m256i bf16_words(__m512i high) {
   // Word 2i <- word 2i + 1 (lane i), word 2i + 1 <- word 17 + 2i (lane 8 + i).
   const __m512i order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, (31 << 16) | 15, (29 << 16) | 13,
@@ -309,6 +309,9 @@ inline __m256i bf16_words(__m512i high) {
                                          (21 << 16) | 5, (19 << 16) | 3, (17 << 16) | 1);
   return _mm512_castsi512_si256(_mm512_permutexvar_epi16(order, high));
 }
+// bf16 rounding in integers, the result in the HIGH 16 bits of each 32-bit lane: bits + 0x8000,
+// less one where the low 17 bits are 0x8000 (a tie rounds up only from an odd value); as AVX2's
+// round_bf16_high_no_nan above. Right for every x but NaN.
 inline __m512i round_bf16_high_no_nan(const Blk& a) {
   const __m512i bits = _mm512_castps_si512(a.v);
   const __mmask16 tie_even =

@@ -101,14 +101,6 @@ inline __mmask16 cmp_ps_mask(__m512 a, __m512 b, int predicate) {
   for (int l = 0; l < 16; ++l) k |= unsigned(std::isnan(x.v[l]) || std::isnan(y.v[l])) << l;
   return static_cast<__mmask16>(k);
 }
-inline __m512 mask_mov_ps(__m512 src, __mmask16 k, __m512 a) {
-  F16 r = lanes(src);
-  const F16 x = lanes(a);
-  for (int l = 0; l < 16; ++l) {
-    if (set(k, l)) r.v[l] = x.v[l];
-  }
-  return vec(r);
-}
 inline __m256 castps512_ps256(__m512 a) {
   __m256 r;
   std::memcpy(&r, &a, sizeof(r));
@@ -158,6 +150,9 @@ inline __m512i mask_mov_epi32(__m512i src, __mmask16 k, __m512i a) {
     if (set(k, l)) r.v[l] = x.v[l];
   }
   return vec(r);
+}
+inline __m512 mask_mov_ps(__m512 src, __mmask16 k, __m512 a) {
+  return bits_as<__m512>(mask_mov_epi32(bits_as<__m512i>(src), k, bits_as<__m512i>(a)));
 }
 inline __mmask16 cmpeq_epi32_mask(__m512i a, __m512i b) {
   const I16 x = lanes(a), y = lanes(b);
