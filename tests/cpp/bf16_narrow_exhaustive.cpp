@@ -1,7 +1,8 @@
 // The AVX512-BF16 variant's fast bf16 narrowing (vec.h: narrow_bf16_finite, vcvtneps2bf16 behind
 // an fpclass guard) against the integer round-to-nearest-even that every other path uses
-// (narrow_bf16), over all 2^32 fp32 bit patterns, 16 consecutive ones per call. Built and run
-// by tests/test_bf16_narrowing.py on CPUs with AVX512-BF16, with the variant's compiler flags.
+// (narrow_bf16, canonical NaN included), over all 2^32 fp32 bit patterns, 16 consecutive ones per
+// call. Built and run by tests/test_cpu_kernel.py on CPUs with AVX512-BF16, with the variant's
+// compiler flags.
 // Exit status 0 and "0 mismatches" when the two give the same bits for every input.
 #include "cpu/vec.h"
 
