@@ -251,8 +251,8 @@ at::Tensor npu_fused_gdn_decode_cpu(
   p.dt_bias = dt_bias.const_data_ptr();
   p.dt_bias_stride = dt_bias.stride(0);
   p.state = state_ref.data_ptr();
+  p.state_stride_slot = state_ref.stride(0);
   p.indices = slots.data();
-  p.indices_stride = 1;
   p.out = out.data_ptr();
   p.scale = static_cast<float>(scale);
   p.softplus_threshold = static_cast<float>(softplus_threshold);

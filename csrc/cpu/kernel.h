@@ -29,11 +29,12 @@ struct GdnParams {
   int64_t a_log_stride;
   const void* dt_bias;
   int64_t dt_bias_stride;
-  // state (BlockNum, Hv, V, K), contiguous, updated in place.
+  // state (BlockNum, Hv, V, K), updated in place: each slot contiguous, slots state_stride_slot
+  // elements apart (>= Hv*V*K; an engine's pool may interleave other data between slots).
   void* state;
+  int64_t state_stride_slot;
   // ssm_state_indices (B,) int32; index <= 0 marks an invalid row.
   const int32_t* indices;
-  int64_t indices_stride;
   // out (B, 1, Hv, V), contiguous, input dtype.
   void* out;
   float scale;

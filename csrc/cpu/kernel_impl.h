@@ -336,7 +336,7 @@ void run_k(const GdnParams& p) {
     for (int64_t task = lo; task < hi; ++task) {
       const int64_t i = task / Hv, j = task % Hv, h = j / group;
       T* o = out + task * V;
-      const int64_t s_idx = p.indices[i * p.indices_stride];
+      const int64_t s_idx = p.indices[i];
       if (s_idx <= 0) {
         std::fill(o, o + V, T(0.f));
         continue;
@@ -360,7 +360,7 @@ void run_k(const GdnParams& p) {
       for (int64_t t = 0; t < Kp; ++t) {
         kd[t] = decay * k[t];
       }
-      S* st = state + (s_idx * Hv + j) * V * K;
+      S* st = state + s_idx * p.state_stride_slot + j * V * K;
       const T* v = qkv + i * rs + (2 * H * K + j * V) * cs;
       if (grouped > 0) {
         update_head<S, R, KC>(st, K, grouped, kd, k, q, decay, beta, v, cs, o, keep);

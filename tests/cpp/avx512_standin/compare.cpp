@@ -71,8 +71,8 @@ void compare(int K, int V, bool specialize, int seed) {
     p.dt_bias = dt_bias.data();
     p.dt_bias_stride = 1;
     p.state = st.data();
+    p.state_stride_slot = Hv * V * K;
     p.indices = indices;
-    p.indices_stride = 1;
     p.out = out.data();
     p.scale = 1.f / std::sqrt(float(K));
     p.softplus_threshold = 20.f;
