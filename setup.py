@@ -2,15 +2,15 @@
 
 One C++ extension, ``custom_ops._C``, holds the schema, the shared input check and one
 implementation per dispatch key; its Python module is empty (everything is registered through
-TORCH_LIBRARY). The CPU kernel body is compiled once per instruction set (``kernel_default.cpp``
-portable, ``kernel_avx2.cpp`` with AVX2+FMA+F16C, ``kernel_avx512.cpp`` with AVX-512 F/BW/VL/DQ,
-``kernel_avx512bf16.cpp`` with those and AVX512-BF16 where the compiler has it) and picked at run
-time, so the wheel never depends on the build machine's CPU (no tuning for the build host).
+TORCH_LIBRARY). The CPU kernel body is compiled once per row of ``csrc/cpu/variants.def``
+(``kernel_<name>.cpp`` with that row's instruction-set flags: portable, AVX2, AVX-512, AVX-512 with
+AVX512-BF16) and picked at run time, so the wheel never depends on the build machine's CPU (no
+tuning for the build host).
 
 Environment switches (all optional):
-  CUSTOM_OPS_NO_AVX2=1   build only the portable kernel (no AVX2, no AVX-512 variant)
-  CUSTOM_OPS_NO_AVX512=1 build no AVX-512 variant (no AVX512-BF16 either)
-  CUSTOM_OPS_NO_AVX512BF16=1 build no AVX512-BF16 variant
+  CUSTOM_OPS_NO_<NAME>=1 leave the variant <name> of variants.def and every later row out:
+                         NO_AVX2 builds only the portable kernel, NO_AVX512 no AVX-512 variant,
+                         NO_AVX512BF16 no AVX512-BF16 variant
   CUSTOM_OPS_DEBUG=1     -O0 -g (NDEBUG stays defined: torch's headers change class layouts
                          without it)
   CUSTOM_OPS_SANITIZE=1  build with AddressSanitizer + UndefinedBehaviorSanitizer
@@ -19,7 +19,7 @@ Environment switches (all optional):
 
 import glob
 import os
-import platform
+import sys
 import tempfile
 
 import torch
@@ -35,22 +35,17 @@ def _env_flag(name):
     return os.environ.get(name, "0").lower() in ("1", "true", "yes", "on")
 
 
-IS_X86 = platform.machine().lower() in ("x86_64", "amd64")
-WITH_AVX2 = IS_X86 and not _env_flag("CUSTOM_OPS_NO_AVX2")
-WITH_AVX512 = WITH_AVX2 and not _env_flag("CUSTOM_OPS_NO_AVX512")
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import cpu_variants  # noqa: E402  (csrc/cpu/variants.def, the one list of kernel variants)
+
+VARIANTS = cpu_variants.variants()
 DEBUG = _env_flag("CUSTOM_OPS_DEBUG")
 SANITIZE = _env_flag("CUSTOM_OPS_SANITIZE")
 
-AVX512BF16_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"]
-AVX512BF16_PROBE = """
-#include <immintrin.h>
-__m512i narrow(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
-"""
 
-
-def _compiler_accepts(flags, code):
+def _compiler_accepts(flags):
     """Whether the compiler that builds the kernel libraries (setuptools' default, as in
-    build_clib) compiles `code` with `flags`."""
+    build_clib) takes `flags` (GCC < 10 has no -mavx512bf16, an AArch64 compiler no -mavx2)."""
     from setuptools._distutils.ccompiler import new_compiler
     from setuptools._distutils.errors import CompileError
     from setuptools._distutils.sysconfig import customize_compiler
@@ -60,18 +55,27 @@ def _compiler_accepts(flags, code):
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "probe.cpp")
         with open(src, "w") as f:
-            f.write(code)
+            f.write("int main() { return 0; }\n")
         try:
-            compiler.compile([src], output_dir=tmp, extra_postargs=flags)
+            compiler.compile([src], output_dir=tmp, extra_postargs=list(flags))
         except CompileError:
             return False
     return True
 
 
-# Built only where the compiler has AVX512-BF16 (GCC >= 10, clang >= 9); chosen at run time only
-# on CPUs that have it.
-WITH_AVX512BF16 = (WITH_AVX512 and not _env_flag("CUSTOM_OPS_NO_AVX512BF16")
-                   and _compiler_accepts(AVX512BF16_FLAGS, AVX512BF16_PROBE))
+def _built_variants():
+    """The names of the variants this build compiles for real: portable always; each other one
+    where the compiler takes its flags, unless CUSTOM_OPS_NO_<NAME>=1 leaves it and every later
+    row (they extend it) out."""
+    built, off = [VARIANTS[0].name], False
+    for v in VARIANTS[1:]:
+        off = off or _env_flag(f"CUSTOM_OPS_NO_{v.name.upper()}")
+        if not off and _compiler_accepts(v.flags):
+            built.append(v.name)
+    return built
+
+
+BUILT = _built_variants()
 
 # at::parallel_for is inline OpenMP: without -fopenmp it silently runs on one thread. The
 # libgomp.so.1 we link against resolves at run time to the one torch has already loaded.
@@ -87,37 +91,25 @@ if SANITIZE:
     LINK_FLAGS += _SAN
 CXX_FLAGS += OPENMP
 
-DEFINES = []
-if WITH_AVX2:
-    DEFINES.append(("CUSTOM_OPS_WITH_AVX2", "1"))
-if WITH_AVX512:
-    DEFINES.append(("CUSTOM_OPS_WITH_AVX512", "1"))
-if WITH_AVX512BF16:
-    DEFINES.append(("CUSTOM_OPS_WITH_AVX512BF16", "1"))
-
-# The kernel variants and their instruction-set flags. Each gets its own CPU_CAPABILITY so that
-# the kernel's (and c10's) CPU_CAPABILITY namespaces keep the variants' symbols apart (as in ATen).
+# Each variant is compiled with its own CPU_CAPABILITY, so that the kernel's (and c10's)
+# CPU_CAPABILITY namespaces keep the variants' symbols apart (as in ATen). A variant left out is
+# compiled without its flags as a stub that is never called (kernel_impl.h), so that the
+# dispatch's table of variants links either way.
 #
 # Per-file flags the standard way: each variant is a static library of setuptools' build_clib
 # (compiled -fPIC with its own cflags), linked into _C. Not `#pragma GCC target`: GCC and clang
 # differ in whether it reaches the inline functions of headers included after it (at::vec, c10).
 # One hazard remains with any per-file flags: an inline function with external linkage emitted in
 # several objects is kept once, from the first object linked. The libraries are therefore linked
-# in the order below (portable first, then each ISA after the ones it extends), so a copy built
+# in the table's order (portable first, then each ISA after the ones it extends), so a copy built
 # with wider instructions is never the one kept for narrower code; and the kernel files keep
 # error messages and dtype dispatch out (kernel.h), so they emit almost no such functions.
-KERNEL_VARIANTS = [
-    ("default", True, ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"]),
-    ("avx2", WITH_AVX2,
-     ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]),
-    ("avx512", WITH_AVX512,
-     ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512",
-      "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"]),
-    # vec.h's AVX-512 code (CPU_CAPABILITY_AVX512) in a namespace of its own.
-    ("avx512bf16", WITH_AVX512BF16,
-     ["-DCPU_CAPABILITY=AVX512BF16", "-DCPU_CAPABILITY_AVX512", *AVX512BF16_FLAGS, "-mfma",
-      "-mf16c"]),
-]
+def _variant_flags(v):
+    if v.name in BUILT:
+        return list(v.flags)
+    return [v.flags[0], "-DCUSTOM_OPS_CPU_VARIANT_OFF"]
+
+
 # BuildExtension adds these to the extension's own sources; build_clib needs them spelled out.
 _TORCH_CXX = ["-std=c++20", "-fPIC",
               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
@@ -130,7 +122,7 @@ def _config_stamp():
     a changed switch (CUSTOM_OPS_DEBUG, ...) or torch version rebuild the kernels.
     """
     stamp = os.path.join(ROOT, "build", "custom_ops_kernel_flags.txt")
-    config = repr((torch.__version__, CXX_FLAGS, DEFINES, KERNEL_VARIANTS))
+    config = repr((torch.__version__, CXX_FLAGS, [_variant_flags(v) for v in VARIANTS]))
     os.makedirs(os.path.dirname(stamp), exist_ok=True)
     try:
         with open(stamp) as f:
@@ -146,18 +138,17 @@ def _config_stamp():
 def kernel_libraries():
     """build_clib's libraries: one per kernel variant built here, in KERNEL_VARIANTS order."""
     headers = sorted(glob.glob(os.path.join("csrc", "cpu", "*.h")))
-    deps = headers + [os.path.relpath(_config_stamp(), ROOT)]
+    deps = headers + [cpu_variants.DEF, os.path.relpath(_config_stamp(), ROOT)]
     return [
-        (f"custom_ops_kernel_{name}", {
-            "sources": [os.path.join("csrc", "cpu", f"kernel_{name}.cpp")],
+        (f"custom_ops_kernel_{v.name}", {
+            "sources": [v.source],
             "include_dirs": [CSRC] + include_paths(),
-            "macros": DEFINES,
             # No contraction of a * b + c into an FMA behind our back: the variants compute the
             # same bits only if each fuses exactly where the source says so (kernel_impl.h).
-            "cflags": CXX_FLAGS + _TORCH_CXX + ["-ffp-contract=off"] + isa_flags,
+            "cflags": CXX_FLAGS + _TORCH_CXX + ["-ffp-contract=off"] + _variant_flags(v),
             "obj_deps": {"": deps},
         })
-        for name, wanted, isa_flags in KERNEL_VARIANTS if wanted
+        for v in VARIANTS
     ]
 
 
@@ -178,7 +169,6 @@ def extension(libraries):
         name="custom_ops._C",
         sources=sources,
         include_dirs=[CSRC],
-        define_macros=DEFINES,
         # Before torch's libraries, in variant order (see KERNEL_VARIANTS).
         libraries=[name for name, _ in libraries],
         extra_compile_args={"cxx": CXX_FLAGS},
@@ -188,14 +178,8 @@ def extension(libraries):
 
 KERNEL_LIBRARIES = kernel_libraries()
 
-print(
-    f"custom_ops build: torch {torch.__version__}, CPU kernels: portable"
-    + (" + avx2" if WITH_AVX2 else "")
-    + (" + avx512" if WITH_AVX512 else "")
-    + (" + avx512bf16" if WITH_AVX512BF16 else "")
-    + (", debug" if DEBUG else "")
-    + (", ASan+UBSan" if SANITIZE else "")
-)
+print(f"custom_ops build: torch {torch.__version__}, CPU kernels: {' + '.join(BUILT)}"
+      + (", debug" if DEBUG else "") + (", ASan+UBSan" if SANITIZE else ""))
 
 setup(
     name="custom_ops",

@@ -32,7 +32,9 @@ TORCH_LIBRARY(custom_ops_internal, m) {
         [](const at::Tensor& indices, int64_t block_num) {
           custom_ops::check_slot_indices(indices, block_num);
         });
-  // The CPU kernel variant in use: "avx512bf16", "avx512", "avx2" or "portable".
+  // Every CPU kernel variant (csrc/cpu/variants.def), built or not, in order of preference.
+  m.def("cpu_variants() -> str[]", []() { return custom_ops::cpu::variant_names(); });
+  // The CPU kernel variant in use.
   m.def("cpu_isa() -> str", []() -> std::string {
     return custom_ops::cpu::isa_name(custom_ops::cpu::current_isa());
   });
@@ -44,8 +46,8 @@ TORCH_LIBRARY(custom_ops_internal, m) {
     }
     return names;
   });
-  // Switches the variant ("auto", "portable", "avx2", "avx512", "avx512bf16"); returns the
-  // previous one. ValueError for an unknown name or one this build/CPU cannot run.
+  // Switches the variant ("auto" or a name of cpu_variants()); returns the previous one.
+  // ValueError for an unknown name or one this build/CPU cannot run.
   m.def("set_cpu_isa(str name) -> str", [](const std::string& name) -> std::string {
     std::string previous = custom_ops::cpu::isa_name(custom_ops::cpu::current_isa());
     std::string error;

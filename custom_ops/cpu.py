@@ -10,8 +10,9 @@ import warnings
 
 import torch
 
-# Every variant name, in order of preference (each runs wherever the next one does).
-VARIANTS = ("portable", "avx2", "avx512", "avx512bf16")
+# Every variant name (csrc/cpu/variants.def), in order of preference: each runs wherever the
+# ones before it do.
+VARIANTS = tuple(torch.ops.custom_ops_internal.cpu_variants())
 ENV = "CUSTOM_OPS_CPU_ISA"
 
 

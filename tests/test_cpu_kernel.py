@@ -26,6 +26,10 @@ from custom_ops.testing import (
 )
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import cpu_variants  # noqa: E402  (csrc/cpu/variants.def)
+
+TABLE = {v.name: v for v in cpu_variants.variants()}
 STATE_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
@@ -195,17 +199,20 @@ def test_avx512_code_matches_avx2_on_intrinsic_stand_ins(tmp_path):
     if "avx2" not in isas:
         pytest.skip("no AVX2 on this CPU or build: the comparison needs the AVX2 kernel")
     here = CPP / "avx512_standin"
+    avx2 = TABLE["avx2"].flags
+    isa_flags = [f for f in avx2 if f.startswith("-m")]
     flags = ["-fopenmp", "-ffp-contract=off", "-Wno-psabi",
-             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-             "-DCUSTOM_OPS_WITH_AVX2", "-DCUSTOM_OPS_WITH_AVX512", "-DCUSTOM_OPS_WITH_AVX512BF16",
-             "-mavx2", "-mfma", "-mf16c"]
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", *isa_flags]
+
+    def standin_defines(v):
+        # The variant's defines, and the one macro of its -m flags that vec.h tests.
+        return [f for f in v.flags if f.startswith("-D")] + (
+            ["-D__AVX512BF16__"] if "-mavx512bf16" in v.flags else [])
+
     units = {
-        "avx2.o": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2",
-                   str(ROOT / "csrc" / "cpu" / "kernel_avx2.cpp")],
-        "avx512.o": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512",
-                     str(here / "kernel_standin.cpp")],
-        "avx512bf16.o": ["-DCPU_CAPABILITY=AVX512BF16", "-DCPU_CAPABILITY_AVX512",
-                         "-D__AVX512BF16__", str(here / "kernel_standin.cpp")],
+        "avx2.o": [*avx2, str(ROOT / TABLE["avx2"].source)],
+        "avx512.o": [*standin_defines(TABLE["avx512"]), str(here / "kernel_standin.cpp")],
+        "avx512bf16.o": [*standin_defines(TABLE["avx512bf16"]), str(here / "kernel_standin.cpp")],
         "compare.o": [str(here / "compare.cpp")],
     }
     result = _build_and_run(tmp_path, units, flags=flags, link_torch=True)
@@ -217,12 +224,9 @@ def test_avx512bf16_narrowing_is_exact_for_every_fp32(tmp_path):
     fp32 inputs (tests/cpp/bf16_narrow_exhaustive.cpp, built with that variant's flags)."""
     if "avx512bf16" not in custom_ops.cpu_isas():
         pytest.skip("this build or CPU has no avx512bf16 variant")
-    # setup.py's flags for the variant.
-    flags = ["-DCPU_CAPABILITY=AVX512BF16", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw",
-             "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma", "-mf16c"]
     result = _build_and_run(
         tmp_path, {"bf16_narrow_exhaustive.o": [str(CPP / "bf16_narrow_exhaustive.cpp")]},
-        flags=flags)
+        flags=TABLE["avx512bf16"].flags)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -248,6 +252,14 @@ def test_state_near_float32_max(isa, state_dtype, gate):
         assert ref["state_ref"][slot].float().abs().max() > 1e35
 
 
+def test_the_variant_table_reads_the_same_in_cpp_and_python():
+    """csrc/cpu/variants.def as the extension compiled it and as scripts/cpu_variants.py (setup.py,
+    these tests) parses it."""
+    assert VARIANTS == tuple(TABLE)
+    assert TABLE["portable"].flags[0] == "-DCPU_CAPABILITY=DEFAULT"
+    assert set(custom_ops.cpu_isas()) <= set(VARIANTS)
+
+
 def _isa_in_subprocess(env, code="import custom_ops; print(custom_ops.cpu_isa())"):
     full = {k: v for k, v in os.environ.items()
             if k not in ("CUSTOM_OPS_CPU_ISA", "ATEN_CPU_CAPABILITY")}
@@ -259,10 +271,10 @@ def _isa_in_subprocess(env, code="import custom_ops; print(custom_ops.cpu_isa())
 def _expected_default(capability):
     """The variant expected at import for torch's CPU capability: the best this build and CPU
     run, not above the capability's (AVX512: the best AVX-512 variant)."""
-    wanted = {"AVX2": "avx2", "AVX512": "avx512bf16"}.get(capability, "portable")
-    order = list(VARIANTS)
+    rank = {"AVX2": 1, "AVX512": 2}
+    limit = rank.get(capability, 0)
     runnable = custom_ops.cpu_isas()
-    return [v for v in order[:order.index(wanted) + 1] if v in runnable][-1]
+    return [v for v in VARIANTS if rank.get(TABLE[v].aten, 0) <= limit and v in runnable][-1]
 
 
 _DEFAULT_CODE = ("import torch, custom_ops; print(custom_ops.cpu_isa()); "

@@ -1,11 +1,13 @@
 // CPU implementation of custom::npu_fused_gdn_decode and the run-time choice of kernel variant.
 #include <atomic>
-#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Version.h>
-#include <ATen/Dispatch.h>
 #include <ATen/record_function.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include "cpu/kernel.h"
@@ -14,73 +16,76 @@
 namespace custom_ops::cpu {
 namespace {
 
-bool cpu_supports(Isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
-  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
-                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                      __builtin_cpu_supports("avx512dq");
-  switch (isa) {
-    case Isa::kPortable:
-      return true;
-    case Isa::kAvx2:
-#ifdef CUSTOM_OPS_WITH_AVX2
-      return avx2;
+#define CUSTOM_OPS_CPU_INIT() __builtin_cpu_init()
+#define CUSTOM_OPS_CPU_HAS(feature) __builtin_cpu_supports(#feature)
 #else
-      return false;
+#define CUSTOM_OPS_CPU_INIT()
+#define CUSTOM_OPS_CPU_HAS(feature) false
 #endif
-    case Isa::kAvx512:
-#ifdef CUSTOM_OPS_WITH_AVX512
-      return avx512;
-#else
-      return false;
-#endif
-    case Isa::kAvx512Bf16:
-#ifdef CUSTOM_OPS_WITH_AVX512BF16
-      return avx512 && __builtin_cpu_supports("avx512bf16");
-#else
-      return false;
-#endif
-  }
-  return false;
-#else
-  return isa == Isa::kPortable;
-#endif
+
+using KernelFn = void (*)(const GdnParams&);
+
+// A row of cpu/variants.def.
+struct Variant {
+  const char* name;
+  const char* event;  // the profiler event of one CPU call
+  const char* aten;
+  bool built;
+  bool (*runs_here)();
+  // The kernel for each accepted (input, state) dtype pair.
+  KernelFn bf16_fp32, bf16_bf16, fp16_fp32, fp16_fp16;
+};
+
+#define CUSTOM_OPS_CPU_VARIANT(name, CAPABILITY, aten, flags, runs_here)            \
+  Variant{#name,                                                                     \
+          "custom_ops::npu_fused_gdn_decode_cpu." #name,                             \
+          #aten,                                                                     \
+          kernel_built_##CAPABILITY,                                                 \
+          [] {                                                                       \
+            CUSTOM_OPS_CPU_INIT();                                                   \
+            return static_cast<bool>(runs_here);                                     \
+          },                                                                         \
+          &fused_gdn_decode_kernel_##CAPABILITY<c10::BFloat16, float>,               \
+          &fused_gdn_decode_kernel_##CAPABILITY<c10::BFloat16, c10::BFloat16>,       \
+          &fused_gdn_decode_kernel_##CAPABILITY<c10::Half, float>,                   \
+          &fused_gdn_decode_kernel_##CAPABILITY<c10::Half, c10::Half>},
+const Variant kVariants[] = {
+#include "cpu/variants.def"
+};
+#undef CUSTOM_OPS_CPU_VARIANT
+constexpr Isa kNumVariants = static_cast<Isa>(sizeof(kVariants) / sizeof(kVariants[0]));
+
+bool cpu_supports(Isa isa) {
+  return kVariants[isa].built && kVariants[isa].runs_here();
 }
 
-constexpr Isa kAllIsas[] = {Isa::kPortable, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16};
+// ATen's CPU capabilities in order; anything else (ZVECTOR, VSX, SVE...) counts as DEFAULT.
+int aten_rank(const std::string& capability) {
+  if (capability.find("AVX512") != std::string::npos) {
+    return 2;
+  }
+  return capability.find("AVX2") != std::string::npos ? 1 : 0;
+}
 
-// The best variant this build and CPU run that is not above `limit`.
-Isa best_isa(Isa limit = Isa::kAvx512Bf16) {
-  Isa best = Isa::kPortable;
-  for (Isa isa : kAllIsas) {
-    if (isa <= limit && cpu_supports(isa)) {
+// The variant at load and for "auto": the best that this build and this CPU run among those
+// allowed by PyTorch's choice for its own CPU kernels (at::get_cpu_capability(), so
+// ATEN_CPU_CAPABILITY=default|avx2|avx512 applies to this op as to ATen). (ATen trusts
+// ATEN_CPU_CAPABILITY even above what the CPU has; cpu_supports does not.)
+Isa default_isa() {
+  const int limit = aten_rank(at::get_cpu_capability());
+  Isa best = 0;
+  for (Isa isa = 0; isa < kNumVariants; ++isa) {
+    if (aten_rank(kVariants[isa].aten) <= limit && cpu_supports(isa)) {
       best = isa;
     }
   }
   return best;
 }
 
-// The variant at load and for "auto": PyTorch's choice for its own CPU kernels
-// (at::get_cpu_capability(), so ATEN_CPU_CAPABILITY=default|avx2|avx512 applies to this op as to
-// ATen), capped by what this build and this CPU run. ATen's AVX512 means the best of the AVX-512
-// variants. (ATen trusts ATEN_CPU_CAPABILITY even above what the CPU has; the cap does not.)
-Isa default_isa() {
-  const std::string capability = at::get_cpu_capability();
-  Isa limit = Isa::kPortable;
-  if (capability.find("AVX512") != std::string::npos) {
-    limit = Isa::kAvx512Bf16;
-  } else if (capability.find("AVX2") != std::string::npos) {
-    limit = Isa::kAvx2;
-  }
-  return best_isa(limit);
-}
-
 bool parse_isa(const std::string& name, Isa* isa) {
-  for (Isa candidate : kAllIsas) {
-    if (name == isa_name(candidate)) {
+  for (Isa candidate = 0; candidate < kNumVariants; ++candidate) {
+    if (name == kVariants[candidate].name) {
       *isa = candidate;
       return true;
     }
@@ -105,46 +110,40 @@ std::string quoted(const std::string& name) {
   return out + "'";
 }
 
+// "'a', 'b' or 'c'"
+std::string name_list(const std::vector<std::string>& names, const char* last_sep) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == names.size() ? last_sep : ", ") + ("'" + names[i] + "'");
+  }
+  return out;
+}
+
 // custom_ops.cpu applies CUSTOM_OPS_CPU_ISA at import (loudly: see there), through set_isa.
 std::atomic<Isa> g_isa{default_isa()};
 std::atomic<bool> g_specialize_k{true};
 
-// The profiler event of one CPU call (see npu_fused_gdn_decode_cpu).
-const char* kernel_event_name(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx2:
-      return "custom_ops::npu_fused_gdn_decode_cpu.avx2";
-    case Isa::kAvx512:
-      return "custom_ops::npu_fused_gdn_decode_cpu.avx512";
-    case Isa::kAvx512Bf16:
-      return "custom_ops::npu_fused_gdn_decode_cpu.avx512bf16";
-    default:
-      return "custom_ops::npu_fused_gdn_decode_cpu.portable";
-  }
-}
-
 } // namespace
 
 const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx2:
-      return "avx2";
-    case Isa::kAvx512:
-      return "avx512";
-    case Isa::kAvx512Bf16:
-      return "avx512bf16";
-    default:
-      return "portable";
-  }
+  return kVariants[isa].name;
 }
 
 Isa current_isa() {
   return g_isa.load(std::memory_order_relaxed);
 }
 
+std::vector<std::string> variant_names() {
+  std::vector<std::string> names;
+  for (const Variant& v : kVariants) {
+    names.emplace_back(v.name);
+  }
+  return names;
+}
+
 std::vector<Isa> available_isas() {
   std::vector<Isa> isas;
-  for (Isa isa : kAllIsas) {
+  for (Isa isa = 0; isa < kNumVariants; ++isa) {
     if (cpu_supports(isa)) {
       isas.push_back(isa);
     }
@@ -157,17 +156,19 @@ bool set_isa(const std::string& name, std::string* error) {
   if (name == "auto") {
     isa = default_isa();
   } else if (!parse_isa(name, &isa)) {
-    *error = "unknown CPU kernel variant " + quoted(name) +
-             ", expected 'auto', 'portable', 'avx2', 'avx512' or 'avx512bf16'";
+    std::vector<std::string> names = variant_names();
+    names.insert(names.begin(), "auto");
+    *error = "unknown CPU kernel variant " + quoted(name) + ", expected " +
+             name_list(names, " or ");
     return false;
   } else if (!cpu_supports(isa)) {
-    std::string runnable;
+    std::vector<std::string> runnable;
     for (Isa ok : available_isas()) {
-      runnable += std::string(runnable.empty() ? "" : ", ") + "'" + isa_name(ok) + "'";
+      runnable.emplace_back(isa_name(ok));
     }
     *error = "CPU kernel variant " + quoted(name) +
-             " is not available: this build or this CPU lacks it (available here: " + runnable +
-             ")";
+             " is not available: this build or this CPU lacks it (available here: " +
+             name_list(runnable, ", ") + ")";
     return false;
   }
   g_isa = isa;
@@ -177,34 +178,6 @@ bool set_isa(const std::string& name, std::string* error) {
 bool set_k_specialization(bool enabled) {
   return g_specialize_k.exchange(enabled);
 }
-
-namespace {
-
-// Runs the kernel of `isa` for input dtype T and state dtype S.
-template <typename T, typename S>
-void run_kernel(Isa isa, const GdnParams& p) {
-  switch (isa) {
-#ifdef CUSTOM_OPS_WITH_AVX512BF16
-    case Isa::kAvx512Bf16:
-      fused_gdn_decode_kernel_AVX512BF16<T, S>(p);
-      return;
-#endif
-#ifdef CUSTOM_OPS_WITH_AVX512
-    case Isa::kAvx512:
-      fused_gdn_decode_kernel_AVX512<T, S>(p);
-      return;
-#endif
-#ifdef CUSTOM_OPS_WITH_AVX2
-    case Isa::kAvx2:
-      fused_gdn_decode_kernel_AVX2<T, S>(p);
-      return;
-#endif
-    default:
-      fused_gdn_decode_kernel_DEFAULT<T, S>(p);
-  }
-}
-
-} // namespace
 
 at::Tensor npu_fused_gdn_decode_cpu(
     const at::Tensor& mixed_qkv,
@@ -216,10 +189,10 @@ at::Tensor npu_fused_gdn_decode_cpu(
     const at::Tensor& ssm_state_indices,
     double scale,
     double softplus_threshold) {
-  const Isa isa = current_isa();
+  const Variant& variant = kVariants[current_isa()];
   // Under torch.profiler: a child of the dispatcher's custom::npu_fused_gdn_decode event that
   // names the backend and the kernel variant that ran.
-  RECORD_FUNCTION(kernel_event_name(isa), c10::ArrayRef<const c10::IValue>{});
+  RECORD_FUNCTION(variant.event, c10::ArrayRef<const c10::IValue>{});
   const GdnDims d = check_fused_gdn_decode_inputs(
       mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale, softplus_threshold);
   const int64_t B = d.batch.expect_int(), Hv = d.num_v_heads.expect_int();
@@ -259,15 +232,14 @@ at::Tensor npu_fused_gdn_decode_cpu(
   p.specialize_k = g_specialize_k.load(std::memory_order_relaxed);
   TORCH_INTERNAL_ASSERT(p.num_heads > 0 && p.num_v_heads % p.num_heads == 0 && p.head_k > 0 &&
                         p.head_v > 0);  // the check's guarantees; the kernel divides by them
-  // Input bf16/fp16 (TypeError from the check otherwise); state fp32 or the input dtype.
-  AT_DISPATCH_REDUCED_FLOATING_TYPES(mixed_qkv.scalar_type(), "npu_fused_gdn_decode", [&] {
-    if (state_ref.scalar_type() == at::kFloat) {
-      run_kernel<scalar_t, float>(isa, p);
-    } else {
-      TORCH_INTERNAL_ASSERT(state_ref.scalar_type() == mixed_qkv.scalar_type());
-      run_kernel<scalar_t, scalar_t>(isa, p);
-    }
-  });
+  // Input bf16/fp16 and state fp32 or the input dtype (TypeError from the check otherwise).
+  const bool bf16 = mixed_qkv.scalar_type() == at::kBFloat16;
+  const bool fp32_state = state_ref.scalar_type() == at::kFloat;
+  TORCH_INTERNAL_ASSERT((bf16 || mixed_qkv.scalar_type() == at::kHalf) &&
+                        (fp32_state || state_ref.scalar_type() == mixed_qkv.scalar_type()));
+  const KernelFn kernel = bf16 ? (fp32_state ? variant.bf16_fp32 : variant.bf16_bf16)
+                               : (fp32_state ? variant.fp16_fp32 : variant.fp16_fp16);
+  kernel(p);
   return out;
 }
 

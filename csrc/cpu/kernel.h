@@ -1,7 +1,6 @@
 // Interface between the CPU op (fused_gdn_decode_cpu.cpp) and the kernel bodies compiled once per
-// instruction set (kernel_default.cpp, kernel_avx2.cpp, kernel_avx512.cpp,
-// kernel_avx512bf16.cpp). Plain pointers and
-// element strides only, so the kernel files need no Tensor headers and compile quickly.
+// row of cpu/variants.def (kernel_<name>.cpp). Plain pointers and element strides only, so the
+// kernel files need no Tensor headers and compile quickly.
 //
 // The kernel files are compiled with instruction-set flags: nothing that could also be linked into
 // the rest of the library (error messages, dtype dispatch) belongs there; the CPU op does it.
@@ -44,31 +43,28 @@ struct GdnParams {
   bool specialize_k;
 };
 
-// In order of preference: each runs wherever the next one does.
-enum class Isa : int { kPortable, kAvx2, kAvx512, kAvx512Bf16 };
+// One kernel body per row of cpu/variants.def, instantiated for T (input dtype) in
+// {c10::BFloat16, c10::Half} and S (state dtype) in {float, T}; each computes the whole op
+// described by GdnParams. A variant that this build leaves out (its compiler flags fail, or a
+// CUSTOM_OPS_NO_* switch) is compiled as a stub: kernel_built_<CAPABILITY> is false and its body
+// is never called.
+#define CUSTOM_OPS_CPU_VARIANT(name, CAPABILITY, aten, flags, runs_here) \
+  template <typename T, typename S>                                   \
+  void fused_gdn_decode_kernel_##CAPABILITY(const GdnParams& p);      \
+  extern const bool kernel_built_##CAPABILITY;
+#include "cpu/variants.def"
+#undef CUSTOM_OPS_CPU_VARIANT
 
-// One kernel body per instruction set, instantiated for T (input dtype) in {c10::BFloat16,
-// c10::Half} and S (state dtype) in {float, T}; each computes the whole op described by GdnParams.
-template <typename T, typename S>
-void fused_gdn_decode_kernel_DEFAULT(const GdnParams& p);
-#ifdef CUSTOM_OPS_WITH_AVX2
-template <typename T, typename S>
-void fused_gdn_decode_kernel_AVX2(const GdnParams& p);
-#endif
-#ifdef CUSTOM_OPS_WITH_AVX512
-template <typename T, typename S>
-void fused_gdn_decode_kernel_AVX512(const GdnParams& p);
-#endif
-#ifdef CUSTOM_OPS_WITH_AVX512BF16
-template <typename T, typename S>
-void fused_gdn_decode_kernel_AVX512BF16(const GdnParams& p);
-#endif
+// A variant: its index in cpu/variants.def, in order of preference.
+using Isa = int;
 
 const char* isa_name(Isa isa);
 Isa current_isa();
+// Every variant's name (built or not), in order of preference.
+std::vector<std::string> variant_names();
 std::vector<Isa> available_isas();
-// "portable", "avx2", "avx512", "avx512bf16" or "auto" (the default: see default_isa in
-// fused_gdn_decode_cpu.cpp). False with *error set if unknown or not runnable here.
+// A variant's name or "auto" (the default: see default_isa in fused_gdn_decode_cpu.cpp). False
+// with *error set if unknown or not runnable here.
 bool set_isa(const std::string& name, std::string* error);
 // Whether the CPU op uses the K-specialised row kernels (default true); returns the old setting.
 bool set_k_specialization(bool enabled);

@@ -7,6 +7,26 @@
 // u = S (exp(g) k), the second writes S' = exp(g) S + delta k^T and accumulates out = S' q.
 #pragma once
 
+#define CUSTOM_OPS_CONCAT_(a, b) a##b
+#define CUSTOM_OPS_CONCAT(a, b) CUSTOM_OPS_CONCAT_(a, b)
+
+#if defined(CUSTOM_OPS_CPU_VARIANT_OFF)
+// A variant this build leaves out (setup.py): compiled without its instruction-set flags, with
+// kernel bodies that the dispatch never calls (kernel_built_<CAPABILITY> is false).
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdlib>
+
+#include "cpu/kernel.h"
+
+namespace custom_ops::cpu {
+const bool CUSTOM_OPS_CONCAT(kernel_built_, CPU_CAPABILITY) = false;
+template <typename T, typename S>
+void CUSTOM_OPS_CONCAT(fused_gdn_decode_kernel_, CPU_CAPABILITY)(const GdnParams&) {
+  std::abort();
+}
+#else
 // vec.h first: it includes the intrinsic headers ahead of ATen (see there).
 #include "cpu/vec.h"
 
@@ -21,9 +41,6 @@
 #include <utility>
 
 #include "cpu/kernel.h"
-
-#define CUSTOM_OPS_CONCAT_(a, b) a##b
-#define CUSTOM_OPS_CONCAT(a, b) CUSTOM_OPS_CONCAT_(a, b)
 
 namespace custom_ops::cpu {
 namespace CPU_CAPABILITY {
@@ -396,10 +413,12 @@ void run(const GdnParams& p) {
 } // namespace
 } // namespace CPU_CAPABILITY
 
+const bool CUSTOM_OPS_CONCAT(kernel_built_, CPU_CAPABILITY) = true;
 template <typename T, typename S>
 void CUSTOM_OPS_CONCAT(fused_gdn_decode_kernel_, CPU_CAPABILITY)(const GdnParams& p) {
   CPU_CAPABILITY::run<T, S>(p);
 }
+#endif
 
 #define CUSTOM_OPS_INSTANTIATE(T, S) \
   template void CUSTOM_OPS_CONCAT(fused_gdn_decode_kernel_, CPU_CAPABILITY)<T, S>(const GdnParams&)

@@ -1,0 +1,59 @@
+"""The CPU kernel variants of csrc/cpu/variants.def, for Python (setup.py and the tests).
+
+No torch import: setup.py reads it before anything is built.
+"""
+
+import dataclasses
+import os
+import re
+import shlex
+
+DEF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc", "cpu",
+                   "variants.def")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str  # "avx2"
+    capability: str  # "AVX2": CPU_CAPABILITY of csrc/cpu/kernel_<name>.cpp
+    aten: str  # ATen CPU capability from which it may be the default
+    flags: tuple  # compiler flags, -DCPU_CAPABILITY=<capability> first
+    cpu_features: tuple  # __builtin_cpu_supports names it needs
+
+    @property
+    def source(self):
+        return os.path.join("csrc", "cpu", f"kernel_{self.name}.cpp")
+
+
+def _arguments(text, start):
+    """The top-level comma-separated arguments of the macro call whose "(" is at text[start]."""
+    args, depth, begin = [], 0, start + 1
+    for i in range(start, len(text)):
+        c = text[i]
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return args + [text[begin:i].strip()]
+        elif c == "," and depth == 1:
+            args.append(text[begin:i].strip())
+            begin = i + 1
+    raise ValueError(f"{DEF}: unbalanced parentheses in a CUSTOM_OPS_CPU_VARIANT row")
+
+
+def variants(path=DEF):
+    """Every row of variants.def, in its order."""
+    with open(path) as f:
+        text = re.sub(r"//[^\n]*", "", f.read())
+    rows = []
+    for m in re.finditer(r"\bCUSTOM_OPS_CPU_VARIANT\(", text):
+        name, capability, aten, flags, test = _arguments(text, m.end() - 1)
+        # Adjacent string literals, as the C++ compiler joins them.
+        joined = "".join(re.findall(r'"([^"]*)"', flags))
+        rows.append(Variant(name=name, capability=capability, aten=aten,
+                            flags=(f"-DCPU_CAPABILITY={capability}", *shlex.split(joined)),
+                            cpu_features=tuple(re.findall(r"CUSTOM_OPS_CPU_HAS\((\w+)\)", test))))
+    if not rows:
+        raise ValueError(f"{DEF}: no CUSTOM_OPS_CPU_VARIANT rows")
+    return rows
