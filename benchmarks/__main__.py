@@ -72,8 +72,10 @@ def parse_args(argv=None):
                         "serving case, main table); cache: the same slots every call")
     p.add_argument("--cache-bytes", type=int, default=None,
                    help="last-level cache size to size the DRAM pool by (default: ask the OS)")
-    p.add_argument("--variants-batch", type=int, default=32,
-                   help="CPU: batch size of the per-kernel-variant table from DRAM (0: skip it)")
+    p.add_argument("--variants-batch", type=int, nargs="*", default=[8, 32],
+                   help="CPU: batch sizes of the per-kernel-variant table (none: skip it)")
+    p.add_argument("--variants-threads", type=int, nargs="+", default=[1, 2],
+                   help="CPU: thread counts of the per-kernel-variant table")
     p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     p.add_argument("--min-time", type=float, default=0.3, help="seconds of timed calls per point")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
@@ -86,6 +88,11 @@ def parse_args(argv=None):
                    help="CPU: also time N concurrent Python callers on disjoint slots (GIL check); "
                         "give no value to skip")
     args = p.parse_args(argv)
+    args.cache_source = "--cache-bytes"
+    if args.cache_bytes is None:
+        args.cache_bytes, args.cache_source = last_level_cache_bytes()
+        if args.cache_bytes is None:
+            args.cache_bytes, args.cache_source = 256 << 20, f"assumed ({args.cache_source})"
     if args.quick:
         args.shapes, args.batch = "full", [1, 8, 32]
     if args.device == "cuda" and args.modes != list(MODES):
@@ -166,11 +173,12 @@ def _size_bytes(text):
 
 
 def last_level_cache_bytes():
-    """The machine's total last-level (L3, else L2) cache as the OS reports it: the larger of
-    Linux sysfs (each distinct cache instance counted once) and glibc's sysconf (`getconf`),
-    which disagree on some virtual machines (one CCX's L3 against the whole chip's). None if
-    neither says."""
-    found = []
+    """(bytes, where it came from) for the machine's total last-level (L3, else L2) cache as the
+    OS reports it: the larger of Linux sysfs (each distinct cache instance counted once) and
+    glibc's sysconf (`getconf`), which disagree on some virtual machines (one CCX's L3 against
+    the whole chip's); a pool sized by the larger is big enough either way. (None, why) if neither
+    says."""
+    found = {}
     for level in (3, 2):
         sizes = {}
         for index in glob.glob("/sys/devices/system/cpu/cpu*/cache/index*"):
@@ -188,7 +196,7 @@ def last_level_cache_bytes():
             except (OSError, ValueError):
                 continue
         if sizes:
-            found.append(sum(sizes.values()))
+            found[f"sysfs L{level}"] = sum(sizes.values())
             break
     getconf = shutil.which("getconf")
     for name in ("LEVEL3_CACHE_SIZE", "LEVEL2_CACHE_SIZE") if getconf else ():
@@ -199,9 +207,13 @@ def last_level_cache_bytes():
         except (OSError, ValueError, subprocess.SubprocessError):
             continue
         if size > 0:
-            found.append(size)
+            found[f"getconf {name}"] = size
             break
-    return max(found) if found else None
+    if not found:
+        return None, "the OS reports no cache size"
+    source = max(found, key=found.get)
+    said = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in found.items())
+    return found[source], f"the larger of {said}" if len(found) > 1 else said
 
 
 class DramPool:
@@ -275,8 +287,7 @@ def run(args):
         shapes.append(QWEN3_NEXT)
     if args.shapes in ("all", "shards"):
         shapes += TP_SHARDS
-    cache_bytes = args.cache_bytes or last_level_cache_bytes() or (256 << 20)
-    args.cache_bytes = cache_bytes
+    cache_bytes = args.cache_bytes
     configs = [(H, Hv, sd, B) for (H, Hv) in shapes for sd in args.state_dtype for B in args.batch]
     progress = Progress(len(configs) * len(args.backends) * len(args.modes),
                         enabled=not args.no_progress)
@@ -349,47 +360,78 @@ def _ratios(row, backends):
         row["speedup_vs_reference"] = row["reference_us"] / row["ours_us"]
 
 
-def run_variants(args, B):
-    """CPU: ours on every kernel variant this build runs here, Qwen3-Next full shape, batch B,
-    every state dtype, from DRAM, with the rmw ceiling of the same bytes."""
+def run_variants(args):
+    """CPU: ours on every kernel variant this build runs here, Qwen3-Next full shape, each of
+    --variants-batch, every state dtype, in each mode, at each of --variants-threads, timed
+    interleaved with the rmw ceiling of the same bytes (so ratios of one row share the machine's
+    slow spells)."""
     device, sync = device_setup("cpu")
     H, Hv = QWEN3_NEXT
     D = args.head_dim
+    op = torch.ops.custom.npu_fused_gdn_decode
     rows = []
-    old = custom_ops.cpu_isa()
+    old_isa, old_threads = custom_ops.cpu_isa(), torch.get_num_threads()
     try:
         for sd in args.state_dtype:
             dtype = DTYPES[input_dtype_for(sd, args.input_dtype)]
-            pool = DramPool(H, Hv, D, DTYPES[sd], args.cache_bytes, device)
-            state = pool.ensure(B)
-            case = Case(B=B, H=H, Hv=Hv, K=D, V=D, dtype=dtype, state_dtype=DTYPES[sd],
-                        pool=2 * B + 1, layout="projection")
-            x = make_inputs(case, device=device)
-            nbytes = 2 * B * Hv * D * D * state.element_size()
-            rmw = time_call(_ceiling_fn("rmw", pool.byte_chunks(nbytes)), sync, args.min_time)
-            for isa in custom_ops.cpu_isas():
-                custom_ops.set_cpu_isa(isa)
-                ok = agrees_with_reference(torch.ops.custom.npu_fused_gdn_decode, x)
-                windows = pool.windows(B)
-                xm = dict(x, state_ref=state)
-                t = time_call(lambda xm=xm, windows=windows: call(
-                    torch.ops.custom.npu_fused_gdn_decode,
-                    dict(xm, ssm_state_indices=next(windows))), sync, args.min_time)
-                rows.append({"variant": isa, "state": sd, "B": B, "us": t * 1e6,
-                             "GBps": nbytes / t / 1e9, "rmw_GBps": nbytes / rmw / 1e9,
-                             "pct_rmw": 100.0 * rmw / t, "ours_ok": ok})
+            pool = (DramPool(H, Hv, D, DTYPES[sd], args.cache_bytes, device)
+                    if "dram" in args.modes else None)
+            for B in args.variants_batch:
+                case = Case(B=B, H=H, Hv=Hv, K=D, V=D, dtype=dtype, state_dtype=DTYPES[sd],
+                            pool=2 * B + 1, layout="projection")
+                x = make_inputs(case, device=device)
+                ok = {}
+                for isa in custom_ops.cpu_isas():
+                    custom_ops.set_cpu_isa(isa)
+                    ok[isa] = agrees_with_reference(op, x)
+                nbytes = 2 * B * Hv * D * D * x["state_ref"].element_size()
+                for mode, threads in itertools.product(args.modes, args.variants_threads):
+                    torch.set_num_threads(threads)
+                    if mode == "dram":
+                        state, rmw_chunks = pool.ensure(B), pool.byte_chunks(nbytes)
+                    else:
+                        state = x["state_ref"]
+                        rmw_chunks = itertools.repeat(torch.ones(nbytes // 8, dtype=torch.int32))
+                    fns = {"rmw": _ceiling_fn("rmw", rmw_chunks)}
+                    for isa in custom_ops.cpu_isas():
+                        windows = pool.windows(B) if mode == "dram" else itertools.repeat(
+                            x["ssm_state_indices"])
+
+                        def fn(isa=isa, windows=windows, state=state):
+                            custom_ops.set_cpu_isa(isa)
+                            call(op, dict(x, state_ref=state, ssm_state_indices=next(windows)))
+                        fns[isa] = fn
+                    times = time_calls(fns, sync, args.min_time)
+                    for isa in custom_ops.cpu_isas():
+                        t = times[isa]
+                        rows.append({"variant": isa, "state": sd, "B": B, "mode": mode,
+                                     "threads": threads, "us": t * 1e6,
+                                     "GBps": nbytes / t / 1e9, "pct_rmw": 100.0 * times["rmw"] / t,
+                                     "ns_per_row": t * 1e9 * threads / (B * Hv * D),
+                                     "ours_ok": ok[isa]})
     finally:
-        custom_ops.set_cpu_isa(old)
+        custom_ops.set_cpu_isa(old_isa)
+        torch.set_num_threads(old_threads)
     return rows
 
 
 def format_variants(rows):
-    header = f"{'variant':>10} {'state':>5} {'B':>4} | {'us':>10} {'GB/s':>6} {'%rmw':>5}"
-    lines = [header + f" {'check':>5}"]
-    lines.append("-" * len(lines[0]))
-    for r in rows:
-        lines.append(f"{r['variant']:>10} {r['state']:>5} {r['B']:>4} | {r['us']:10.1f} "
-                     f"{r['GBps']:6.1f} {r['pct_rmw']:5.0f} {'ok' if r['ours_ok'] else 'FAIL':>5}")
+    """One line per (state, B, mode, threads): each variant's GB/s, % of rmw and ns per state row
+    per thread."""
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    header = f"{'state':>5} {'B':>4} {'mode':>5} {'thr':>3} |" + "".join(
+        f" {v + ' GB/s':>15} {'%rmw':>5} {'ns/row':>6} |" for v in variants) + " check"
+    lines = [header, "-" * len(header)]
+    key = lambda r: (r["state"], r["B"], r["mode"], r["threads"])  # noqa: E731
+    for k, group in itertools.groupby(rows, key=key):
+        by = {r["variant"]: r for r in group}
+        line = f"{k[0]:>5} {k[1]:>4} {k[2]:>5} {k[3]:>3} |"
+        for v in variants:
+            r = by.get(v)
+            line += (f" {r['GBps']:15.1f} {r['pct_rmw']:5.0f} {r['ns_per_row']:6.1f} |" if r
+                     else f" {'-':>15} {'-':>5} {'-':>6} |")
+        line += f" {'ok' if all(r['ours_ok'] for r in by.values()) else 'FAIL'}"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -509,7 +551,20 @@ def run_cuda(args):
     return rows
 
 
-def _write_tables(args, rows, machine):
+def source_commit():
+    """The checkout's commit (with "+changes" when the tree differs from it), or "unknown"."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=True).stdout
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.strip() + ("+changes" if dirty.strip() else "")
+
+
+def _write_tables(args, rows, machine, variants=()):
     if args.csv:
         import csv
 
@@ -520,7 +575,8 @@ def _write_tables(args, rows, machine):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": args.device, "machine": machine, "torch": torch.__version__,
-                       "rows": rows}, f, indent=1, default=str)
+                       "commit": source_commit(), "rows": rows, "variants": list(variants)}, f,
+                      indent=1, default=str)
 
 
 def main(argv=None):
@@ -535,8 +591,8 @@ def main(argv=None):
     machine = machine_description(args.device)
     print(f"benchmarks: npu_fused_gdn_decode on {args.device} ({machine}), torch "
           f"{torch.__version__}, input {args.input_dtype} (fp16 for an fp16 state), "
-          f"K=V={args.head_dim}, last-level cache "
-          f"{args.cache_bytes / 2**20:.0f} MiB")
+          f"K=V={args.head_dim}, commit {source_commit()}; DRAM pools sized by a last-level "
+          f"cache of {args.cache_bytes / 2**20:.0f} MiB ({args.cache_source})")
     for mode in args.modes:
         sub = [r for r in rows if r["mode"] == mode]
         if mode == "dram":
@@ -550,11 +606,12 @@ def main(argv=None):
         print(format_table(sub, args.backends))
     variants = []
     if args.device == "cpu" and args.variants_batch:
-        variants = run_variants(args, args.variants_batch)
-        print(f"\nEvery CPU kernel variant, H={QWEN3_NEXT[0]} Hv={QWEN3_NEXT[1]}, "
-              f"B={args.variants_batch}, state from DRAM:")
+        variants = run_variants(args)
+        print(f"\nEvery CPU kernel variant, H={QWEN3_NEXT[0]} Hv={QWEN3_NEXT[1]} (ns/row: "
+              f"per state row of K={args.head_dim} per thread; each line timed interleaved with "
+              f"its rmw):")
         print(format_variants(variants))
-    _write_tables(args, rows, machine)
+    _write_tables(args, rows, machine, variants)
     if args.device == "cpu" and args.callers:
         from benchmarks import threads as bench_threads
 

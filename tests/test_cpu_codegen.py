@@ -26,7 +26,7 @@ FMA = re.compile(r"^vfn?m(?:add|sub)")
 # loop over row groups. (The generic one parks its accumulators around the last partial block,
 # outside its block loops, which costs little.)
 ROW_KERNEL = re.compile(
-    r"AVX512\w*::\(anonymous namespace\)::update_head<[^,]+, \d+, (64|128|256),")
+    r"AVX512\w*::\(anonymous namespace\)::RowGroups<[^,]+, \d+, (64|128|256),[^>]*>::update\(")
 
 
 def _library():

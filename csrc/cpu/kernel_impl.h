@@ -137,99 +137,178 @@ __attribute__((always_inline)) inline void for_rows(F&& f) {
   }(std::make_integer_sequence<int, N>{});
 }
 
-// The state rows of one value head (rows x K, rows a multiple of R) and their outputs:
-//   u = S (exp(g) k); delta = beta (v - u); S' = exp(g) S + delta k^T; o = S' q.
-// kd = exp(g) k, k and q are the head's fp32 vectors in the state's element order, zero-padded to
-// a multiple of kBlock, so the last partial block needs no scalar tail (the padded lanes add exact
-// zeros). The decay multiplies k before the dot product, not the sum after it: S k alone can
-// overflow where exp(g) S k does not.
-// Rows go in groups of R. Pass one (the dot with kd) of group n + 2 runs interleaved with pass two
-// (update and read-out) of group n: a group's reduction and scalar delta then have a whole group's
-// vector work to hide behind before pass two needs them. Every row's arithmetic and its order are
-// the same whatever KC (K known at compile time, or 0), R, the interleaving or the ISA.
-template <typename S, int R, int KC, typename T>
-inline void update_head(S* st, int64_t K_, int64_t rows, const float* kd, const float* k,
-                        const float* q, float decay, float beta, const T* v, int64_t cs, T* o,
-                        const Blk& keep) {
-  const int64_t K = KC != 0 ? KC : K_;
-  const int64_t full = K / kBlock * kBlock;
-  const int64_t tail = K - full;
-  const Blk vdecay = blk_set1(decay);
-  // Pass one's accumulators, and the deltas of the two groups in flight (group n in slot n % 2).
-  Blk u[R];
-  float delta[2][R];
-  bool finite[2] = {false, false};
+// What one value head's rows meet: fp32 vectors in the state's element order, zero-padded to a
+// multiple of kBlock (the padded lanes add exact zeros, so the last partial block needs no scalar
+// tail), the gates, and the head's v and output.
+template <typename T>
+struct HeadVectors {
+  const float* q;          // scale * q / |q|
+  const float* k;          // k / |k|
+  const float* decayed_k;  // exp(g) k (see RowGroups)
+  float decay;             // exp(g)
+  float beta;
+  const T* v;              // v[r * v_stride] is row r's value
+  int64_t v_stride;
+  T* out;                  // out[r]: row r's output
+  Blk tail_lanes;          // all bits set in the lanes of the last partial block that hold elements
+};
 
-  // Scalar math: u[r] += sum_{t in block} s[r][t] * kd[t]
-  auto dot_block = [&](const S* s, int64_t t, int64_t n) __attribute__((always_inline)) {
-    const Blk kb = blk_load(kd + t);
+// The rows [0, rows) of one value head's state (each head_k elements, rows a multiple of
+// kGroupSize) and their outputs:
+//   u = S (exp(g) k); delta = beta (v - u); S' = exp(g) S + delta k^T; o = S' q.
+// The decay multiplies k before the dot product, not the sum after it: S k alone can overflow
+// where exp(g) S k does not.
+//
+// Rows go in groups of kGroupSize, and each group in two passes over its state, both hitting L1:
+// pass one (the dot products u) and pass two (the update and the output). Pass one of group n + 2
+// runs interleaved with pass two of group n, so a group's reductions and scalar deltas have a
+// whole group's vector work to hide behind before pass two needs them; two groups' deltas are in
+// flight (group n's in slot n % 2). kHeadK is K when known at compile time (the block loops
+// unroll), else 0. Every row's arithmetic and its order are the same whatever kHeadK, kGroupSize,
+// the interleaving or the ISA.
+//
+// Every member function is always_inline: the accumulators then stay in registers (the codegen
+// test checks it), which they do not once any of them is compiled out of line.
+template <typename S, int kGroupSize, int kHeadK, typename T>
+class RowGroups {
+ public:
+  // widened: room for 3 * kGroupSize * round_up(head_k, kBlock) floats (16-bit states only).
+  RowGroups(S* rows, int64_t head_k, const HeadVectors<T>& h, float* widened)
+      : s_(rows), head_k_(head_k), h_(h), decay_(blk_set1(h.decay)), widened_(widened) {}
+
+  // The whole of it, out of line (one function per row kernel, which the codegen test reads). The
+  // object is local to it and every member inlined, so its members live in registers.
+  static __attribute__((noinline)) void update(S* rows, int64_t head_k, int64_t n,
+                                               const HeadVectors<T>& h, float* widened) {
+    RowGroups(rows, head_k, h, widened).run(n);
+  }
+
+  __attribute__((always_inline)) void run(int64_t rows) {
+    // Pass one of the first two groups, then pass two of each group with pass one two ahead.
+    dot_group(0, 0);
+    if (kGroupSize < rows) {
+      dot_group(kGroupSize, 1);
+    }
+    for (int64_t g = 0, n = 0; g < rows; g += kGroupSize, ++n) {
+      if (g + 2 * kGroupSize < rows) {
+        update_group<true>(g, n);
+      } else {
+        update_group<false>(g, n);
+      }
+    }
+  }
+
+ private:
+  static constexpr int R = kGroupSize;
+  // A 16-bit state's rows are widened once: pass one keeps its fp32 blocks in an L1 ring of three
+  // groups (group n in ring slot n % 3; pass one runs two groups ahead of pass two), which pass
+  // two reads instead of widening the state again. Widening is exact, so the bits are the same;
+  // it takes shuffle or conversion micro-ops off the FMA ports for a store.
+  static constexpr bool kKeepWidened = !std::is_same_v<S, float>;
+
+  // K: a compile-time constant where kHeadK is, so that row and block offsets are immediates.
+  int64_t K() const { return kHeadK != 0 ? kHeadK : head_k_; }
+  int64_t full_blocks_end() const { return K() / kBlock * kBlock; }
+  S* row(int64_t r) const { return s_ + r * K(); }
+  int64_t padded_k() const { return round_up(K(), kBlock); }
+  // The widened rows of group n.
+  float* widened(int64_t n) const { return widened_ + (n % 3) * R * padded_k(); }
+
+  // Pass one over one block of each of the group's rows at `rows`, n <= kBlock elements:
+  // u[r] += s[r][t] * exp(g) k[t], lane-wise (and the widened block kept in `keep`).
+  __attribute__((always_inline)) void dot_block(const S* rows, float* keep, int64_t t,
+                                                int64_t n) {
+    const Blk kb = blk_load(h_.decayed_k + t);
     for_rows<R>([&](auto r) __attribute__((always_inline)) {
+      const S* p = rows + r * K() + t;
       Blk x;
       if (n == kBlock) {
-        prefetch_line(s + r * K + t, t);
-        StateIo<S>::load(s + r * K + t, x);
+        prefetch_line(p, t);
+        StateIo<S>::load(p, x);
       } else {
-        StateIo<S>::load(s + r * K + t, n, x);
+        StateIo<S>::load(p, n, x);
       }
-      u[r] = blk_fmadd(x, kb, u[r]);
+      if constexpr (kKeepWidened) {
+        blk_store(keep + r * padded_k() + t, x);
+      }
+      u_[r] = blk_fmadd(x, kb, u_[r]);
     });
-  };
-  // The deltas of the group at `row`. When every u and delta is finite, no updated state value
-  // can be NaN: finite u means every s[t] and kd[t] was finite (an infinite or NaN term keeps the
-  // sum non-finite), so decay*s[t] is finite and adding delta*k[t] can at most overflow to +-Inf.
-  // The stores can then skip their NaN handling (StateIo::store_finite).
-  auto dot_end = [&](int64_t row, int slot) __attribute__((always_inline)) {
-    float sums[R];
-    sum_rows<R>(u, sums);
-    bool fin = true;
-    for_rows<R>([&](auto r) __attribute__((always_inline)) {
-      delta[slot][r] = beta * (static_cast<float>(v[(row + r) * cs]) - sums[r]);
-      fin = fin && std::isfinite(sums[r]) && std::isfinite(delta[slot][r]);
-    });
-    finite[slot] = fin;
-  };
-  auto dot_rows = [&](int64_t row, int slot) __attribute__((always_inline)) {
-    const S* s = st + row * K;
-    for_rows<R>([&](auto r) __attribute__((always_inline)) {
-      u[r] = blk_zero();
-    });
-    for_blocks<KC>(full,
-                   [&](int64_t t) __attribute__((always_inline)) { dot_block(s, t, kBlock); });
-    if (tail) {
-      dot_block(s, full, tail);
-    }
-    dot_end(row, slot);
-  };
+  }
 
-  // Pass two of rows [g, g + R) (slot `slot`), with pass one of rows [g + 2R, g + 3R) when kAhead;
-  // kFinite: the group's u and delta are finite (see dot_end).
-  auto group = [&]<bool kAhead, bool kFinite>(int64_t g, int slot) __attribute__((always_inline)) {
-    S* s = st + g * K;
-    const S* ahead = s + 2 * R * K;
-    Blk vdelta[R], acc[R];
+  // The deltas of the group at `first` from its finished dot products. When every u and delta is
+  // finite, no updated state value can be NaN: finite u means every s[t] and exp(g) k[t] was
+  // finite (an infinite or NaN term keeps the sum non-finite), so exp(g) s[t] is finite and adding
+  // delta k[t] can at most overflow to +-Inf. Its stores can then skip their NaN handling
+  // (StateIo::store_finite).
+  __attribute__((always_inline)) void finish_dot(int64_t first, int slot) {
+    float sums[R];
+    sum_rows<R>(u_, sums);
+    bool finite = true;
     for_rows<R>([&](auto r) __attribute__((always_inline)) {
-      vdelta[r] = blk_set1(delta[slot][r]);
+      delta_[slot][r] = h_.beta * (static_cast<float>(h_.v[(first + r) * h_.v_stride]) - sums[r]);
+      finite = finite && std::isfinite(sums[r]) && std::isfinite(delta_[slot][r]);
+    });
+    finite_[slot] = finite;
+  }
+
+  // Pass one of group n (at `first`) on its own (the first two groups).
+  __attribute__((always_inline)) void dot_group(int64_t first, int64_t n) {
+    for_rows<R>([&](auto r) __attribute__((always_inline)) { u_[r] = blk_zero(); });
+    const S* rows = row(first);
+    float* keep = widened(n);
+    for_blocks<kHeadK>(full_blocks_end(), [&](int64_t t) __attribute__((always_inline)) {
+      dot_block(rows, keep, t, kBlock);
+    });
+    if (K() % kBlock != 0) {
+      dot_block(rows, keep, full_blocks_end(), K() % kBlock);
+    }
+    finish_dot(first, static_cast<int>(n & 1));
+  }
+
+  // Pass two of group n (at `first`), with pass one of group n + 2 when kAhead; the NaN-free
+  // stores where the group's values are known finite.
+  template <bool kAhead>
+  __attribute__((always_inline)) void update_group(int64_t first, int64_t n) {
+    if (finite_[n & 1]) {
+      update_group<kAhead, true>(first, n);
+    } else {
+      update_group<kAhead, false>(first, n);
+    }
+  }
+
+  template <bool kAhead, bool kFinite>
+  __attribute__((always_inline)) void update_group(int64_t first, int64_t n) {
+    const int slot = static_cast<int>(n & 1);
+    S* rows = row(first);
+    const S* ahead = row(first + 2 * R);
+    [[maybe_unused]] const float* mine = widened(n);
+    [[maybe_unused]] float* keep_ahead = widened(n + 2);
+    Blk delta[R], acc[R];
+    for_rows<R>([&](auto r) __attribute__((always_inline)) {
+      delta[r] = blk_set1(delta_[slot][r]);
       acc[r] = blk_zero();
       if constexpr (kAhead) {
-        u[r] = blk_zero();
+        u_[r] = blk_zero();
       }
     });
-    // Scalar math: s[r][t] = decay * s[r][t] + delta[r] * k[t]; o[r] += s[r][t] * q[t]
+    // s[r][t] = exp(g) s[r][t] + delta[r] k[t]; o[r] += s[r][t] q[t], lane-wise.
     auto update_block = [&](int64_t t, int64_t n) __attribute__((always_inline)) {
-      const Blk kb = blk_load(k + t), qb = blk_load(q + t);
+      const Blk kb = blk_load(h_.k + t), qb = blk_load(h_.q + t);
       for_rows<R>([&](auto r) __attribute__((always_inline)) {
-        S* p = s + r * K + t;
+        S* p = rows + r * K() + t;
         Blk x;
-        if (n == kBlock) {
+        if constexpr (kKeepWidened) {
+          x = blk_load(mine + r * padded_k() + t);
+        } else if (n == kBlock) {
           StateIo<S>::load(p, x);
         } else {
           StateIo<S>::load(p, n, x);
         }
-        x = blk_fmadd(vdelta[r], kb, blk_mul(x, vdecay));
+        x = blk_fmadd(delta[r], kb, blk_mul(x, decay_));
         if (n != kBlock) {
           // Padded lanes hold delta * 0, which is NaN when delta is infinite (an Inf in v): zero
           // them so they cannot turn an infinite output into NaN. They are never stored.
-          x = blk_and(x, keep);
+          x = blk_and(x, h_.tail_lanes);
         }
         acc[r] = blk_fmadd(x, qb, acc[r]);
         if (n != kBlock) {
@@ -241,44 +320,39 @@ inline void update_head(S* st, int64_t K_, int64_t rows, const float* kd, const 
         }
       });
     };
-    for_blocks<KC>(full, [&](int64_t t) __attribute__((always_inline)) {
+    for_blocks<kHeadK>(full_blocks_end(), [&](int64_t t) __attribute__((always_inline)) {
       update_block(t, kBlock);
       if constexpr (kAhead) {
-        dot_block(ahead, t, kBlock);
+        dot_block(ahead, keep_ahead, t, kBlock);
       }
     });
-    if (tail) {
-      update_block(full, tail);
+    if (K() % kBlock != 0) {
+      update_block(full_blocks_end(), K() % kBlock);
       if constexpr (kAhead) {
-        dot_block(ahead, full, tail);
+        dot_block(ahead, keep_ahead, full_blocks_end(), K() % kBlock);
       }
     }
     if constexpr (kAhead) {
-      dot_end(g + 2 * R, slot);
+      finish_dot(first + 2 * R, slot);
     }
-    float orow[R];
-    sum_rows<R>(acc, orow);
+    float o[R];
+    sum_rows<R>(acc, o);
     for_rows<R>([&](auto r) __attribute__((always_inline)) {
-      o[g + r] = static_cast<T>(std::isnan(orow[r]) ? kNaN : orow[r]);
+      h_.out[first + r] = static_cast<T>(std::isnan(o[r]) ? kNaN : o[r]);
     });
-  };
+  }
 
-  dot_rows(0, 0);
-  if (R < rows) {
-    dot_rows(R, 1);
-  }
-  for (int64_t g = 0, n = 0; g < rows; g += R, ++n) {
-    const int slot = static_cast<int>(n & 1);
-    const bool ahead = g + 2 * R < rows;
-    if (finite[slot]) {
-      ahead ? group.template operator()<true, true>(g, slot)
-            : group.template operator()<false, true>(g, slot);
-    } else {
-      ahead ? group.template operator()<true, false>(g, slot)
-            : group.template operator()<false, false>(g, slot);
-    }
-  }
-}
+  S* const s_;
+  const int64_t head_k_;
+  // A copy: state stores through vector types may alias anything, and would make every use of a
+  // referenced struct's pointers a reload.
+  const HeadVectors<T> h_;
+  const Blk decay_;
+  float* const widened_;
+  Blk u_[R];            // pass one's accumulators (the group in flight)
+  float delta_[2][R];   // the deltas of the two groups in flight
+  bool finite_[2] = {false, false};
+};
 
 // Strided scalar views of the small inputs.
 template <typename T>
@@ -329,8 +403,7 @@ void run_k(const GdnParams& p) {
   const int64_t rs = p.qkv_stride_row, cs = p.qkv_stride_col;
   S* state = static_cast<S*>(p.state);
   T* out = static_cast<T*>(p.out);
-  constexpr int R = kGroupRows;
-  const int64_t grouped = V / R * R;
+  const int64_t grouped = V / kGroupRows * kGroupRows;  // rows in whole groups
 
   // q and k are kept in the element order the state loads produce (identity unless StateIo<S>
   // reorders), so that s[t] always meets k[t] and q[t].
@@ -340,15 +413,20 @@ void run_k(const GdnParams& p) {
   for (int64_t j = 0; j < kBlock; ++j) {
     identity = identity && order[j] == j;
   }
-  const Blk keep = tail_mask(order, K % kBlock);
+  const Blk tail_lanes = tail_mask(order, K % kBlock);
 
   const int64_t grain = std::max<int64_t>(1, kGrainElements / (V * K));
   // One task per (batch row, value head), in row-major order so the `group` value heads of one
   // key head are neighbours: each thread normalises q/k of a (row, key head) once and reuses it.
   // Every task is computed by one thread start to end, so results do not depend on the split.
   at::parallel_for(0, B * Hv, grain, [&](int64_t lo, int64_t hi) {
-    // q, k, then kd = exp(g) k of the current task.
-    std::unique_ptr<float[]> qk(new float[3 * Kp]);
+    // q, k, then exp(g) k of the current task; then RowGroups' ring of widened rows, 64-byte
+    // aligned.
+    constexpr bool kWiden = !std::is_same_v<S, float>;
+    const int64_t ring = kWiden ? 3 * kGroupRows * Kp : 0;
+    std::unique_ptr<float[]> qk(new float[3 * Kp + ring + kBlock]);
+    float* widened = reinterpret_cast<float*>(
+        (reinterpret_cast<uintptr_t>(qk.get() + 3 * Kp) + 63) & ~uintptr_t{63});
     int64_t qk_of = -1;  // i * H + h of what qk holds
     for (int64_t task = lo; task < hi; ++task) {
       const int64_t i = task / Hv, j = task % Hv, h = j / group;
@@ -371,27 +449,28 @@ void run_k(const GdnParams& p) {
       const float beta =
           1.f / (1.f + std::exp(-at2<T>(p.b, i, j, p.b_stride_row, p.b_stride_col)));
 
-      const float* q = qk.get();
-      const float* k = qk.get() + Kp;
-      float* kd = qk.get() + 2 * Kp;
+      float* decayed_k = qk.get() + 2 * Kp;
       for (int64_t t = 0; t < Kp; ++t) {
-        kd[t] = decay * k[t];
+        decayed_k[t] = decay * qk[Kp + t];
       }
       S* st = state + s_idx * p.state_stride_slot + j * V * K;
-      const T* v = qkv + i * rs + (2 * H * K + j * V) * cs;
+      const HeadVectors<T> head{qk.get(), qk.get() + Kp, decayed_k, decay, beta,
+                                qkv + i * rs + (2 * H * K + j * V) * cs, cs, o, tail_lanes};
       if (grouped > 0) {
-        update_head<S, R, KC>(st, K, grouped, kd, k, q, decay, beta, v, cs, o, keep);
+        RowGroups<S, kGroupRows, KC, T>::update(st, K, grouped, head, widened);
       }
       if (grouped < V) {
-        update_head<S, 1, KC>(st + grouped * K, K, V - grouped, kd, k, q, decay, beta,
-                              v + grouped * cs, cs, o + grouped, keep);
+        HeadVectors<T> rest = head;
+        rest.v += grouped * cs;
+        rest.out += grouped;
+        RowGroups<S, 1, KC, T>::update(st + grouped * K, K, V - grouped, rest, widened);
       }
     }
   });
 }
 
 // Row kernels specialised on the common K (the loops unroll, k and q stay in registers where
-// they fit); any other K takes the generic one. Same bits either way (see update_head). Not in
+// they fit); any other K takes the generic one. Same bits either way (see RowGroups). Not in
 // the portable variant, whose unrolled blocks would take minutes to compile for little gain.
 template <typename T, typename S>
 void run(const GdnParams& p) {
