@@ -360,3 +360,19 @@ def test_untested_transformers_refused(monkeypatch, version):
     monkeypatch.setattr(integ.transformers, "__version__", version)
     with pytest.raises(RuntimeError, match=version.replace(".", r"\.")):
         integ.patch_gdn_decode(model)
+
+
+@pytest.mark.parametrize(
+    "version", ["5.22.2rc1", "5.22.2.dev0", "5.22.2a1", "5.24.0rc1", "5.25.0rc1"]
+)
+def test_pre_releases_refused(monkeypatch, version):
+    # The range >=5.22.2,<5.25 holds no pre-release: 5.22.2rc1 is before the tested 5.22.2.
+    monkeypatch.setattr(integ.transformers, "__version__", version)
+    with pytest.raises(RuntimeError, match=version.replace(".", r"\.")):
+        integ._version_check()
+
+
+@pytest.mark.parametrize("version", ["5.22.2", "5.22.2.post1", "5.23.0", "5.24.0+local"])
+def test_tested_releases_accepted(monkeypatch, version):
+    monkeypatch.setattr(integ.transformers, "__version__", version)
+    integ._version_check()

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 import transformers
-from packaging.version import Version
+from packaging.specifiers import SpecifierSet
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -74,14 +74,17 @@ class _LayerPatch:
 
 def _version_check():
     lo, hi = TESTED_TRANSFORMERS
-    have = Version(transformers.__version__)
-    # Compare release numbers so that 5.25.0.dev0 (a source install) counts as 5.25.
-    if not (Version(lo).release <= have.release < Version(hi).release):
+    # PEP 440's reading of the range: pre-releases (rc, dev) of its versions are outside it, as
+    # untested as any other (5.22.2rc1 < 5.22.2; 5.25.0.dev0, a source install, < 5.25 but
+    # excluded). Post-releases and local versions of a version in the range are in it.
+    if not SpecifierSet(f">={lo},<{hi}").contains(
+        transformers.__version__, prereleases=False
+    ):
         raise RuntimeError(
             f"custom_ops.integrations.transformers: transformers {transformers.__version__} is "
-            f"outside the tested range >={lo},<{hi}; its Gated DeltaNet decode path may differ "
-            f"from the one this integration reproduces. Install a tested release, e.g. "
-            f"pip install 'transformers>={lo},<{hi}'."
+            f"outside the tested range >={lo},<{hi} (pre-releases excluded); its Gated DeltaNet "
+            f"decode path may differ from the one this integration reproduces. Install a tested "
+            f"release, e.g. pip install 'transformers>={lo},<{hi}'."
         )
 
 
