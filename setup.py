@@ -195,8 +195,9 @@ setup(
     extras_require={
         # numpy: Triton's interpreter (tests/test_triton_interpret.py) needs it.
         # protobuf, packaging: torchair's Python (tests/test_torchair.py) imports them.
+        # accelerate: the transformers integration under offload hooks.
         "test": ["pytest", "numpy", "hypothesis", "protobuf>=4,<7", "packaging",
-                 "transformers>=5.22.2,<5.25"],
+                 "transformers>=5.22.2,<5.25", "accelerate"],
         # custom_ops.integrations.transformers: the tested range.
         "transformers": ["transformers>=5.22.2,<5.25"],
         # The CPU benchmark's --plot.

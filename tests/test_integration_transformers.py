@@ -360,3 +360,143 @@ def test_untested_transformers_refused(monkeypatch, version):
     monkeypatch.setattr(integ.transformers, "__version__", version)
     with pytest.raises(RuntimeError, match=version.replace(".", r"\.")):
         integ.patch_gdn_decode(model)
+
+
+@pytest.mark.parametrize(
+    "version", ["5.22.2rc1", "5.22.2.dev0", "5.22.2a1", "5.24.0rc1", "5.25.0rc1"]
+)
+def test_pre_releases_refused(monkeypatch, version):
+    # The range >=5.22.2,<5.25 holds no pre-release: 5.22.2rc1 is before the tested 5.22.2.
+    monkeypatch.setattr(integ.transformers, "__version__", version)
+    with pytest.raises(RuntimeError, match=version.replace(".", r"\.")):
+        integ._version_check()
+
+
+@pytest.mark.parametrize("version", ["5.22.2", "5.22.2.post1", "5.23.0", "5.24.0+local"])
+def test_tested_releases_accepted(monkeypatch, version):
+    monkeypatch.setattr(integ.transformers, "__version__", version)
+    integ._version_check()
+
+
+def perturb_gdn(model):
+    """Change what the op reads in every GDN layer (gates, projections, output) in place."""
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "A_log"):
+                m.A_log.mul_(-0.5)
+                m.dt_bias.add_(0.75)
+                m.out_proj.weight.mul_(2.0)
+                for p in m.conv1d.parameters():
+                    p.mul_(0.5)
+
+
+def pooled(model, cache, each=False):
+    """Whether every GDN layer's state in ``cache`` is held in a pool (the op decoded it)."""
+    held = [integ.state_pool(cache, i) is not None for i in gdn_layer_indices(model)]
+    return held if each else all(held)
+
+
+def gdn_layers(model):
+    return [m for m in model.modules() if hasattr(m, "A_log")]
+
+
+# A deep copy of a patched model is a patched model of its own: it computes with its own weights
+# (prefill and decode) and unpatches on its own.
+@needs_tested
+def test_deepcopy_of_patched_model_is_independent():
+    dtype = torch.bfloat16
+    model = make_model("qwen3_next", dtype, seed=10)
+    g = torch.Generator().manual_seed(11)
+    prompt, mask = torch.randint(1, VOCAB, (2, 7), generator=g), torch.ones(2, 7, dtype=torch.long)
+    tokens = torch.randint(1, VOCAB, (4, 2), generator=g)
+    integ.patch_gdn_decode(model)
+    before, _ = decode_logits(model, prompt, mask, tokens)
+
+    clone = copy.deepcopy(model)
+    perturb_gdn(clone)
+    # The expected result: the same perturbed weights in a model patched from scratch.
+    fresh = make_model("qwen3_next", dtype, seed=10)
+    perturb_gdn(fresh)
+    integ.patch_gdn_decode(fresh)
+    want, want_cache = decode_logits(fresh, prompt, mask, tokens)
+
+    got, cache = decode_logits(clone, prompt, mask, tokens)
+    assert torch.equal(got, want)
+    for a, b in zip(gdn_states(clone, cache), gdn_states(fresh, want_cache)):
+        assert torch.equal(a, b)
+    assert not torch.equal(got, before)
+    # The original still computes with its own weights, and is still patched.
+    assert torch.equal(decode_logits(model, prompt, mask, tokens)[0], before)
+    n = len(gdn_layer_indices(model))
+    assert integ.state_pool(cache, gdn_layer_indices(model)[0]) is not None
+    assert integ.unpatch_gdn_decode(clone) == n
+    assert not any("forward" in m.__dict__ for m in clone.modules())
+    assert integ.unpatch_gdn_decode(model) == n
+
+
+# torch.save / torch.load of a patched model: the loaded model is patched, decodes like the
+# original, and unpatches.
+@needs_tested
+def test_torch_save_load_patched_model(tmp_path):
+    dtype = torch.bfloat16
+    model = make_model("qwen3_5", dtype, seed=12)
+    prompt = torch.randint(1, VOCAB, (2, 5), generator=torch.Generator().manual_seed(13))
+    handle = integ.patch_gdn_decode(model)
+    want = model.generate(prompt, max_new_tokens=8, do_sample=False, return_dict_in_generate=True)
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    got = loaded.generate(prompt, max_new_tokens=8, do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(got.sequences, want.sequences)
+    # The decode steps ran through the op in the loaded model (its states are in a pool).
+    assert pooled(model, got.past_key_values)
+    got_states = gdn_states(loaded, got.past_key_values)
+    for a, b in zip(got_states, gdn_states(model, want.past_key_values)):
+        assert torch.equal(a, b)
+    assert integ.unpatch_gdn_decode(loaded) == len(gdn_layer_indices(loaded))
+    assert not any("forward" in m.__dict__ for m in loaded.modules())
+    handle.unpatch()
+
+
+def offload(model):
+    # In requirements-test.txt (CI runs this); skipped only where it is not installed.
+    accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed")
+    accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+    # Offloaded: the GDN parameters live on the meta device between calls.
+    assert all(m.A_log.device.type == "meta" for m in gdn_layers(model))
+    return model
+
+
+# accelerate's offload hooks keep working in either order: patch then offload, offload then patch;
+# unpatch leaves the offloaded model decoding with stock transformers.
+@needs_tested
+@pytest.mark.parametrize("order", ["offload_then_patch", "patch_then_offload"])
+def test_accelerate_cpu_offload(order):
+    dtype = torch.bfloat16
+    model = make_model("qwen3_next", dtype, seed=14)
+    prompt = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(15))
+    gen = {"max_new_tokens": 8, "do_sample": False, "return_dict_in_generate": True}
+    stock = model.generate(prompt, **gen).sequences
+    with integ.patch_gdn_decode(model):
+        want = model.generate(prompt, **gen).sequences
+
+    if order == "offload_then_patch":
+        offload(model)
+        handle = integ.patch_gdn_decode(model)
+    else:
+        handle = integ.patch_gdn_decode(model)
+        offload(model)
+    got = model.generate(prompt, **gen)
+    assert torch.equal(got.sequences, want)
+    assert pooled(model, got.past_key_values)
+    # accelerate's wrapper is still in place, calling the patched forward.
+    for m in gdn_layers(model):
+        assert "_hf_hook" in m.__dict__
+        assert isinstance(m.__dict__["_old_forward"], integ._GdnForward)
+    handle.unpatch()
+    for m in gdn_layers(model):
+        assert "_hf_hook" in m.__dict__ and not isinstance(
+            m.__dict__["_old_forward"], integ._GdnForward
+        )
+    after = model.generate(prompt, **gen)
+    assert torch.equal(after.sequences, stock)
+    assert not any(pooled(model, after.past_key_values, each=True))

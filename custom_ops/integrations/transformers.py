@@ -15,6 +15,12 @@ after ``unpatch``) keeps reading and writing the right numbers through the view.
 the cache tensor (``reorder_cache`` in beam search, ``offload``) leaves a plain tensor behind; the
 next decode step adopts it into a new pool (one copy, as transformers' own reorder makes one).
 
+The patch lives on each layer: its ``forward`` becomes a ``_GdnForward`` holding that layer, so
+``copy.deepcopy`` gives a copy patched with its own weights and ``torch.save`` pickles a patched
+model. Under an accelerate hook (``cpu_offload``, ``dispatch_model``) the patch replaces the
+``_old_forward`` the hook's wrapper calls, so the hook still loads the layer's weights; unpatching
+puts back what was there.
+
 Only the transformers versions in ``TESTED_TRANSFORMERS`` are accepted: the decode step rewrites
 the layer's forward for one token, so a release that changes that forward must be tested first.
 """
@@ -28,7 +34,7 @@ from collections.abc import Callable
 
 import torch
 import transformers
-from packaging.version import Version
+from packaging.specifiers import SpecifierSet
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -53,7 +59,6 @@ _LAYER_CLASSES = {
     "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe": "Qwen3_5MoeGatedDeltaNet",
 }
 
-_PATCHED = weakref.WeakKeyDictionary()  # GDN layer -> its _LayerPatch
 _POOLS = weakref.WeakKeyDictionary()  # transformers cache layer -> its _Pool
 
 
@@ -68,20 +73,19 @@ class _Pool:
         self.indices = indices  # int32 1..B: batch row i uses slot i + 1
 
 
-class _LayerPatch:
-    __slots__ = ("apply_mask", "cache_kw", "conv_update", "decode", "kernel", "original", "qkvz")
-
-
 def _version_check():
     lo, hi = TESTED_TRANSFORMERS
-    have = Version(transformers.__version__)
-    # Compare release numbers so that 5.25.0.dev0 (a source install) counts as 5.25.
-    if not (Version(lo).release <= have.release < Version(hi).release):
+    # PEP 440's reading of the range: pre-releases (rc, dev) of its versions are outside it, as
+    # untested as any other (5.22.2rc1 < 5.22.2; 5.25.0.dev0, a source install, < 5.25 but
+    # excluded). Post-releases and local versions of a version in the range are in it.
+    if not SpecifierSet(f">={lo},<{hi}").contains(
+        transformers.__version__, prereleases=False
+    ):
         raise RuntimeError(
             f"custom_ops.integrations.transformers: transformers {transformers.__version__} is "
-            f"outside the tested range >={lo},<{hi}; its Gated DeltaNet decode path may differ "
-            f"from the one this integration reproduces. Install a tested release, e.g. "
-            f"pip install 'transformers>={lo},<{hi}'."
+            f"outside the tested range >={lo},<{hi} (pre-releases excluded); its Gated DeltaNet "
+            f"decode path may differ from the one this integration reproduces. Install a tested "
+            f"release, e.g. pip install 'transformers>={lo},<{hi}'."
         )
 
 
@@ -159,7 +163,8 @@ def _decode(layer, patch, hidden_states, cache, attention_mask):
     """One token through the layer, with the op in place of transformers' recurrent step."""
     if hidden_states.dtype not in SUPPORTED_DTYPES:
         raise _dtype_error(f"Gated DeltaNet layer {layer.layer_idx}", hidden_states.dtype)
-    hidden_states = patch.apply_mask(hidden_states, attention_mask)
+    helpers = sys.modules[type(layer).__module__]
+    hidden_states = helpers.apply_mask_to_padding_states(hidden_states, attention_mask)
     B = hidden_states.shape[0]
     if patch.qkvz:  # Qwen3-Next: q, k, v, z grouped per key head in one projection
         query, key, value, z, b, a = layer.fix_query_key_value_ordering(
@@ -173,7 +178,7 @@ def _decode(layer, patch, hidden_states, cache, attention_mask):
         a = layer.in_proj_a(hidden_states)
     # transformers' conv step (updates its conv state in place); its output is the op's mixed_qkv:
     # q of H heads, k of H heads, v of Hv heads, value head j reading key head j // (Hv / H).
-    mixed_qkv = patch.conv_update(
+    mixed_qkv = helpers.causal_conv1d_update(
         mixed_qkv.transpose(1, 2),
         cache.get_conv_state(layer.layer_idx, state_idx=0),
         layer.conv1d.weight.squeeze(1),
@@ -181,7 +186,8 @@ def _decode(layer, patch, hidden_states, cache, attention_mask):
         layer.activation,
     )
     entry = _adopt_state(cache.layers[layer.layer_idx])
-    out = patch.kernel(
+    kernel = torch.ops.custom.npu_fused_gdn_decode if patch.kernel is None else patch.kernel
+    out = kernel(
         mixed_qkv[:, :, 0],
         a.reshape(B, layer.num_v_heads),
         b.reshape(B, layer.num_v_heads),
@@ -195,15 +201,48 @@ def _decode(layer, patch, hidden_states, cache, attention_mask):
     return layer.out_proj(out.reshape(B, 1, -1))
 
 
-def _make_forward(layer, patch):
-    # Decoder layers pass the cache as `cache=` (transformers >= 5.24) or `cache_params=`.
-    def forward(hidden_states, cache=None, attention_mask=None, cache_params=None, **kwargs):
+_decode_with_hooks = None
+
+
+def _hooked_decode():
+    # transformers' helper: fires the conv1d's accelerate hook (offloading), whose weight the
+    # conv step reads without calling the module.
+    global _decode_with_hooks
+    if _decode_with_hooks is None:
+        from transformers.integrations.accelerate import force_accelerate_hooks
+
+        _decode_with_hooks = force_accelerate_hooks("conv1d")(_decode)
+    return _decode_with_hooks
+
+
+class _GdnForward:
+    """A patched layer's forward, stored on the layer itself (as ``forward``, or as accelerate's
+    ``_old_forward`` under an accelerate hook).
+
+    A module-level class holding its own layer: ``copy.deepcopy`` of the model gives the copy's
+    layer its own ``_GdnForward`` bound to the copy, and pickling (``torch.save``) works. ``prev``
+    is the forward it replaced in that slot (None: the class's own), put back by unpatch."""
+
+    __slots__ = ("cache_kw", "kernel", "layer", "prev", "qkvz")
+
+    def __init__(self, layer, kernel, prev, qkvz):
+        self.layer = layer
+        self.kernel = kernel  # None: torch.ops.custom.npu_fused_gdn_decode
+        self.prev = prev
+        self.qkvz = qkvz  # Qwen3-Next's grouped q/k/v/z projection
+        params = inspect.signature(type(layer).forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "cache_params"
+
+    def __call__(self, hidden_states, cache=None, attention_mask=None, cache_params=None, **kwargs):
+        # Decoder layers pass the cache as `cache=` (transformers >= 5.24) or `cache_params=`.
+        layer = self.layer
         if cache is None:
             cache = cache_params
         if _is_decode_step(layer, hidden_states, cache):
-            return patch.decode(layer, patch, hidden_states, cache, attention_mask)
-        out = patch.original(
-            layer, hidden_states, attention_mask=attention_mask, **{patch.cache_kw: cache}, **kwargs
+            return _hooked_decode()(layer, self, hidden_states, cache, attention_mask)
+        inner = self.prev if self.prev is not None else type(layer).forward.__get__(layer)
+        out = inner(
+            hidden_states, attention_mask=attention_mask, **{self.cache_kw: cache}, **kwargs
         )
         # End of prefill (or any cached step transformers ran): hold the state in the op's layout.
         if (
@@ -213,7 +252,19 @@ def _make_forward(layer, patch):
             _adopt_state(cache.layers[layer.layer_idx])
         return out
 
-    return forward
+
+def _hooked(layer) -> bool:
+    # accelerate's add_hook_to_module: the hook's wrapper in `forward` calls `_old_forward`.
+    return "_hf_hook" in layer.__dict__ and "_old_forward" in layer.__dict__
+
+
+def _patch_of(layer):
+    """The layer's _GdnForward and the attribute holding it, or (None, None)."""
+    for slot in ("_old_forward", "forward"):
+        f = layer.__dict__.get(slot)
+        if isinstance(f, _GdnForward):
+            return f, slot
+    return None, None
 
 
 def _check_layer(name, layer):
@@ -274,9 +325,17 @@ class GdnDecodePatch:
         return f"GdnDecodePatch({len(self.layers)} Gated DeltaNet layers)"
 
 
-def _restore(layer):
-    if _PATCHED.pop(layer, None) is not None:
-        layer.__dict__.pop("forward", None)
+def _restore(layer) -> bool:
+    f, slot = _patch_of(layer)
+    if f is None:
+        return False
+    if f.prev is not None:
+        layer.__dict__[slot] = f.prev
+    elif slot == "forward":
+        del layer.__dict__["forward"]
+    else:  # accelerate's wrapper calls _old_forward: give it the class's forward again
+        layer.__dict__[slot] = type(layer).forward.__get__(layer)
+    return True
 
 
 def patch_gdn_decode(model: torch.nn.Module, *, kernel: Callable | None = None) -> GdnDecodePatch:
@@ -313,37 +372,24 @@ def patch_gdn_decode(model: torch.nn.Module, *, kernel: Callable | None = None) 
             f"expected one of {', '.join(_LAYER_CLASSES.values())}."
         )
     for name, layer in found:
-        if layer in _PATCHED:
+        if _patch_of(layer)[0] is not None:
             raise ValueError(f"patch_gdn_decode: layer {name!r} is already patched; unpatch first.")
     checked = [(name, layer, _check_layer(name, layer)) for name, layer in found]
 
-    from transformers.integrations.accelerate import force_accelerate_hooks
-
-    decode = force_accelerate_hooks("conv1d")(_decode)
-    op = torch.ops.custom.npu_fused_gdn_decode if kernel is None else kernel
     for name, layer, qkvz in checked:
-        helpers = sys.modules[type(layer).__module__]
-        patch = _LayerPatch()
-        # The class's forward, unbound: a patch in _PATCHED must not keep its layer alive.
-        patch.original = type(layer).forward
-        params = inspect.signature(type(layer).forward).parameters
-        patch.cache_kw = "cache" if "cache" in params else "cache_params"
-        patch.kernel = op
-        patch.decode = decode
-        patch.apply_mask = helpers.apply_mask_to_padding_states
-        patch.conv_update = helpers.causal_conv1d_update
-        patch.qkvz = qkvz
-        _PATCHED[layer] = patch
-        layer.forward = _make_forward(layer, patch)
+        # Under an accelerate hook, replace the forward its wrapper calls, so that the hook (which
+        # loads offloaded weights) still runs around the patched forward.
+        slot = "_old_forward" if _hooked(layer) else "forward"
+        prev = layer.__dict__.get(slot)
+        if getattr(prev, "__self__", None) is layer and (
+            getattr(prev, "__func__", None) is type(layer).forward
+        ):
+            prev = None  # the class's own forward, bound: kept as None so the patch pickles
+        layer.__dict__[slot] = _GdnForward(layer, kernel, prev, qkvz)
     return GdnDecodePatch([(name, layer) for name, layer, _ in checked])
 
 
 def unpatch_gdn_decode(model: torch.nn.Module) -> int:
     """Restore the own forward of every patched Gated DeltaNet layer in ``model``; returns how many.
     States already in a pool stay there: transformers reads them through the same view."""
-    n = 0
-    for _, m in model.named_modules():
-        if m in _PATCHED:
-            _restore(m)
-            n += 1
-    return n
+    return sum(_restore(m) for m in model.modules())

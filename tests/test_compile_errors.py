@@ -1,0 +1,148 @@
+"""What a refused call does under torch.compile: which exception reaches the caller, and whether
+state_ref was written before the refusal (docs/bad_input.md, "Under torch.compile")."""
+
+import pathlib
+
+import pytest
+import torch
+from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+from custom_ops.converter import reinplace_pass
+from custom_ops.testing import ARG_NAMES, OP, Case, make_inputs
+
+BAD_INPUT_MD = pathlib.Path(__file__).resolve().parents[1] / "docs" / "bad_input.md"
+INFERENCE_MSG = "Inplace update to inference tensor outside InferenceMode"
+
+
+def step(*args):
+    return OP(*args, 0.125)
+
+
+def aot_backend(use_pass):
+    """aot_autograd with input mutations kept in the graph, as torchair compiles; with
+    `use_pass`, custom_ops.converter.reinplace_pass on the forward graph first."""
+
+    def forward(gm, example_inputs):
+        if use_pass:
+            reinplace_pass(gm, example_inputs)
+        return make_boxed_func(gm.forward)
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward,
+                                     keep_inference_input_mutations=True)
+
+    return backend
+
+
+BACKENDS = {
+    "inductor": lambda: "inductor",
+    "reinplace_pass": lambda: aot_backend(True),
+    "aot_eager": lambda: "aot_eager",
+    "aot_autograd": lambda: aot_backend(False),
+}
+# Where the compiled graph calls the op on state_ref itself, the op's own check refuses before the
+# write; where AOT autograd keeps the op functional, the op runs on a copy and AOT autograd's native
+# copy_ back into state_ref writes the inference tensor before it refuses it.
+WRITES_BEFORE_REFUSING = {"aot_eager", "aot_autograd"}
+
+
+def compiled(backend):
+    torch._dynamo.reset()
+    return torch.compile(step, backend=BACKENDS[backend](), fullgraph=True)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_inference_state_outside_inference_mode(backend):
+    with torch.inference_mode():
+        x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16))
+        args = [x[k].clone() for k in ARG_NAMES]
+        want_state = args[5].clone()  # one step applied, in eager
+        step(*args[:5], want_state, args[6])
+    before = args[5].clone()
+    with pytest.raises(RuntimeError, match=INFERENCE_MSG):
+        compiled(backend)(*args)
+    if backend in WRITES_BEFORE_REFUSING:
+        # As native in-place ops under these backends (x.add_() too): one step applied.
+        assert torch.equal(args[5], want_state)
+    else:
+        assert torch.equal(args[5], before)
+
+
+def test_native_inplace_under_aot_eager_also_writes_first():
+    # The reference point of the exception above: a native op, the same pipeline.
+    with torch.inference_mode():
+        t = torch.zeros(4)
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: t.add_(1), backend="aot_eager", fullgraph=True)
+    with pytest.raises(RuntimeError, match=INFERENCE_MSG):
+        f(t)
+    assert torch.equal(t, torch.ones(4))
+
+
+def test_bad_input_md_states_where_compiled_calls_write_first():
+    text = BAD_INPUT_MD.read_text()
+    section = text[text.index("## Under torch.compile"):]
+    for name in ("aot_eager", "reinplace_pass", "Inductor", "TorchRuntimeError", "copy_"):
+        assert name in section, name
+    # The unconditional promise is gone from the autograd list.
+    assert "native ops refuse an inference tensor only after writing it).\n" not in text
+
+
+def bad(kind, x):
+    args = [x[k] for k in ARG_NAMES]
+    if kind == "int64 indices":
+        args[6] = args[6].long()
+    else:  # a of the wrong width
+        args[1] = args[1][:, :-1]
+    return args
+
+
+ERRORS = {
+    "int64 indices": (TypeError, r"ssm_state_indices.*torch\.int32.*torch\.int64"),
+    "a too narrow": (ValueError, r"npu_fused_gdn_decode: a "),
+}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+@pytest.mark.parametrize("kind", sorted(ERRORS))
+def test_compile_wraps_the_check_in_torch_runtime_error(backend, kind):
+    # Dynamo re-raises any exception of fake-tensor propagation as TorchRuntimeError (a
+    # RuntimeError), keeping the message; the state is untouched (nothing ran).
+    exc_type, pattern = ERRORS[kind]
+    x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16))
+    args = bad(kind, x)
+    before = args[5].clone()
+    with pytest.raises(exc_type, match=pattern):
+        step(*args)
+    torch._dynamo.reset()
+    f = torch.compile(step, backend=backend, fullgraph=True)
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match=pattern) as info:
+        f(*args)
+    assert isinstance(info.value, RuntimeError)
+    assert torch.equal(args[5], before)
+
+
+@pytest.mark.parametrize("kind", sorted(ERRORS))
+def test_tracing_without_dynamo_keeps_the_type(kind):
+    # Without Dynamo (make_fx, as torch.export's non-strict tracing and aot_function use) the
+    # fake kernel's exception reaches the caller as it is.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    exc_type, pattern = ERRORS[kind]
+    args = bad(kind, make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16)))
+    before = args[5].clone()
+    with pytest.raises(exc_type, match=pattern):
+        make_fx(step, tracing_mode="fake")(*args)
+    assert torch.equal(args[5], before)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_cpu_slot_check_keeps_its_type_when_compiled(backend):
+    # Slot values are checked when the compiled code runs the CPU kernel, not while tracing.
+    x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16))
+    args = [x[k] for k in ARG_NAMES]
+    args[6] = torch.tensor([1, args[5].shape[0], 2], dtype=torch.int32)  # slot == BlockNum
+    before = args[5].clone()
+    with pytest.raises(ValueError, match="ssm_state_indices"):
+        compiled(backend)(*args)
+    assert torch.equal(args[5], before)
