@@ -172,7 +172,14 @@ struct HeadVectors {
 template <typename S, int kGroupSize, int kHeadK, typename T>
 class RowGroups {
  public:
-  // widened: room for 3 * kGroupSize * round_up(head_k, kBlock) floats (16-bit states only).
+  // Floats of one slot of the ring of widened rows: a block more than a group's rows, so that the
+  // slot pass one writes is never a multiple of 4 KiB away from the one pass two reads (a load
+  // after a store with the same low 12 address bits waits for it).
+  static int64_t ring_slot(int64_t head_k) {
+    return kGroupSize * round_up(head_k, kBlock) + kBlock;
+  }
+
+  // widened: room for 3 * ring_slot(head_k) floats (16-bit states only).
   RowGroups(S* rows, int64_t head_k, const HeadVectors<T>& h, float* widened)
       : s_(rows), head_k_(head_k), h_(h), decay_(blk_set1(h.decay)), widened_(widened) {}
 
@@ -212,7 +219,7 @@ class RowGroups {
   S* row(int64_t r) const { return s_ + r * K(); }
   int64_t padded_k() const { return round_up(K(), kBlock); }
   // The widened rows of group n.
-  float* widened(int64_t n) const { return widened_ + (n % 3) * R * padded_k(); }
+  float* widened(int64_t n) const { return widened_ + (n % 3) * ring_slot(K()); }
 
   // Pass one over one block of each of the group's rows at `rows`, n <= kBlock elements:
   // u[r] += s[r][t] * exp(g) k[t], lane-wise (and the widened block kept in `keep`).
@@ -423,7 +430,7 @@ void run_k(const GdnParams& p) {
     // q, k, then exp(g) k of the current task; then RowGroups' ring of widened rows, 64-byte
     // aligned.
     constexpr bool kWiden = !std::is_same_v<S, float>;
-    const int64_t ring = kWiden ? 3 * kGroupRows * Kp : 0;
+    const int64_t ring = kWiden ? 3 * RowGroups<S, kGroupRows, KC, T>::ring_slot(K) : 0;
     std::unique_ptr<float[]> qk(new float[3 * Kp + ring + kBlock]);
     float* widened = reinterpret_cast<float*>(
         (reinterpret_cast<uintptr_t>(qk.get() + 3 * Kp) + 63) & ~uintptr_t{63});
