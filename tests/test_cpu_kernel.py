@@ -271,10 +271,11 @@ def _isa_in_subprocess(env, code="import custom_ops; print(custom_ops.cpu_isa())
 def _expected_default(capability):
     """The variant expected at import for torch's CPU capability: the best this build and CPU
     run, not above the capability's (AVX512: the best AVX-512 variant)."""
-    rank = {"AVX2": 1, "AVX512": 2}
+    rank = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}  # EXPLICIT: never the default
     limit = rank.get(capability, 0)
     runnable = custom_ops.cpu_isas()
-    return [v for v in VARIANTS if rank.get(TABLE[v].aten, 0) <= limit and v in runnable][-1]
+    return [v for v in VARIANTS
+            if TABLE[v].aten in rank and rank[TABLE[v].aten] <= limit and v in runnable][-1]
 
 
 _DEFAULT_CODE = ("import torch, custom_ops; print(custom_ops.cpu_isa()); "

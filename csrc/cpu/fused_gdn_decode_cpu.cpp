@@ -61,15 +61,19 @@ bool cpu_supports(Isa isa) {
 }
 
 // ATen's CPU capabilities in order; anything else (ZVECTOR, VSX, SVE...) counts as DEFAULT.
+// A variant marked EXPLICIT ranks above every capability: never the default.
 int aten_rank(const std::string& capability) {
+  if (capability == "EXPLICIT") {
+    return 3;
+  }
   if (capability.find("AVX512") != std::string::npos) {
     return 2;
   }
   return capability.find("AVX2") != std::string::npos ? 1 : 0;
 }
 
-// The variant at load and for "auto": the best that this build and this CPU run among those
-// allowed by PyTorch's choice for its own CPU kernels (at::get_cpu_capability(), so
+// The variant at load and for "auto": the last row of variants.def that this build and this CPU
+// run among those allowed by PyTorch's choice for its own CPU kernels (at::get_cpu_capability(), so
 // ATEN_CPU_CAPABILITY=default|avx2|avx512 applies to this op as to ATen). (ATen trusts
 // ATEN_CPU_CAPABILITY even above what the CPU has; cpu_supports does not.)
 Isa default_isa() {
