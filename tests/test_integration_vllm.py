@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import subprocess
+import sys
 
 import pytest
 
@@ -23,8 +24,9 @@ DRIVER = ROOT / "tests" / "vllm_driver.py"
 
 @pytest.fixture(scope="session")
 def vllm_python():
+    # PYTHON: the venv running these tests, whose torch the wheel in dist/ was built against.
     r = subprocess.run(["bash", str(ROOT / "scripts" / "make_vllm_venv.sh")],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=dict(os.environ, PYTHON=sys.executable))
     if r.returncode == 75:
         pytest.skip(f"vLLM venv not made, the package registry is unreachable: {r.stderr}")
     assert r.returncode == 0, f"make_vllm_venv.sh failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
