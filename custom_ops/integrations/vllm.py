@@ -241,14 +241,14 @@ def _decode(layer, m, mixed_qkv, b, a, core_attn_out, pool, check):
     x = _conv_update(layer, mixed_qkv[:n].contiguous(), indices)
     a_log, dt_bias = _gates(layer, x.dtype)
     if check:
-        ref_out, ref_slots = _vllm_decode(layer, m, x, a[:n], b[:n], indices)
+        ref_out = _vllm_decode(layer, m, x, a[:n], b[:n], indices)
     out = core_attn_out[:n].unsqueeze(1)  # [n, 1, Hv, V], contiguous: written in place
     torch.ops.custom.npu_fused_gdn_decode.out(
         x, a[:n], b[:n], a_log, dt_bias, pool, indices, layer.head_k_dim ** -0.5, out=out)
     STATS["decode_calls"] += 1
     STATS["decode_rows"] += n
     if check:
-        _compare(layer, pool, core_attn_out[:n], ref_out, indices, ref_slots)
+        _compare(layer, pool, core_attn_out[:n], ref_out, indices)
 
 
 # ---- check mode ------------------------------------------------------------------------------
@@ -296,8 +296,7 @@ def _vllm_decode(layer, m, x, a, b, indices):
         b=b.contiguous(), initial_state_source=shadow, initial_state_indices=indices,
         cu_seqlens=m.non_spec_query_start_loc[: m.num_decodes + 1],
         use_qk_l2norm_in_kernel=True)
-    slots = indices.long()
-    return out.reshape(x.shape[0], -1, layer.head_v_dim), slots
+    return out.reshape(x.shape[0], -1, layer.head_v_dim)
 
 
 # Against vLLM's kernel (not the reference): its exp/sigmoid and summation order differ from
@@ -305,7 +304,7 @@ def _vllm_decode(layer, m, x, a, b, indices):
 ENGINE_TOLERANCES = {torch.float32: (1e-4, 1e-4)}
 
 
-def _compare(layer, pool, out, ref_out, indices, _):
+def _compare(layer, pool, out, ref_out, indices):
     from custom_ops.testing import TOLERANCES
 
     TOLERANCES = {**TOLERANCES, **ENGINE_TOLERANCES}
