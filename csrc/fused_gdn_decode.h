@@ -16,6 +16,12 @@ inline constexpr const char* kFusedGdnDecodeSchema =
     "Tensor(a!) state_ref, Tensor ssm_state_indices, float scale, *, "
     "float softplus_threshold=20.0) -> Tensor";
 
+// The out variant: the same op writing into a caller's buffer (an engine's own output tensor).
+inline constexpr const char* kFusedGdnDecodeOutSchema =
+    "npu_fused_gdn_decode.out(Tensor mixed_qkv, Tensor a, Tensor b, Tensor a_log, "
+    "Tensor dt_bias, Tensor(a!) state_ref, Tensor ssm_state_indices, float scale, *, "
+    "float softplus_threshold=20.0, Tensor(b!) out) -> Tensor(b!)";
+
 // Sizes derived by the check. SymInt so that the Meta kernel serves symbolic shapes too; on
 // real tensors they are plain integers.
 struct GdnDims {
@@ -39,6 +45,11 @@ GdnDims check_fused_gdn_decode_inputs(
     const at::Tensor& ssm_state_indices,
     double scale,
     double softplus_threshold);
+
+// The out variant's extra check: out is [B, 1, Hv, V], mixed_qkv's dtype and device, contiguous,
+// sharing no memory with mixed_qkv or state_ref. Run after the input check.
+void check_fused_gdn_decode_out(const at::Tensor& out, const GdnDims& d,
+                                const at::Tensor& mixed_qkv, const at::Tensor& state_ref);
 
 // The slot values, read once into host memory (4 bytes a row; no allocation up to 64 rows). The
 // CPU op checks and runs on this copy, so nothing that writes ssm_state_indices during the call

@@ -43,5 +43,42 @@ def fused_gdn_decode_checked_reference(mixed_qkv, a, b, a_log, dt_bias, state_re
             softplus_threshold=softplus_threshold)
 
 
+def fused_gdn_decode_out_checked_reference(mixed_qkv, a, b, a_log, dt_bias, state_ref,
+                                           ssm_state_indices, scale, softplus_threshold=20.0, *,
+                                           out):
+    """The out overload of devices without a kernel of their own: the reference, copied into
+    out (out is checked with the inputs, before anything is written)."""
+    with profiler_scope(PROFILER_EVENT):
+        torch.ops.custom_ops_internal.check_inputs_out(
+            mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+            softplus_threshold, out)
+        torch.ops.custom_ops_internal.check_slot_indices(ssm_state_indices.cpu(),
+                                                         state_ref.shape[0])
+        out.copy_(fused_gdn_decode_reference(
+            mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+            softplus_threshold=softplus_threshold))
+        return out
+
+
 _lib = torch.library.Library("custom", "IMPL")
 _lib.impl(OP_NAME, fused_gdn_decode_checked_reference, "CompositeExplicitAutograd")
+_lib.impl(OP_NAME + ".out", fused_gdn_decode_out_checked_reference, "CompositeExplicitAutograd")
+
+
+def _register_out_functionalization():
+    """torch.compile / AOT: the functionalizer refuses a custom op whose output aliases an input
+    (``-> Tensor(b!)``). Under FunctionalTensorMode the out overload becomes the default overload
+    (functionalized like any mutating op) plus ``out.copy_``; eager calls keep writing into out
+    directly."""
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    @torch.library.register_torch_dispatch(f"custom::{OP_NAME}.out", FunctionalTensorMode)
+    def _out_functional(mode, func, types, args, kwargs):
+        kwargs = dict(kwargs)
+        out = kwargs.pop("out")
+        with mode:
+            out.copy_(torch.ops.custom.npu_fused_gdn_decode.default(*args, **kwargs))
+        return out
+
+
+_register_out_functionalization()

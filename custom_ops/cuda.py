@@ -14,7 +14,8 @@ import os
 
 import torch
 
-from .composite import OP_NAME, fused_gdn_decode_checked_reference, profiler_scope
+from .composite import (OP_NAME, fused_gdn_decode_checked_reference,
+                        fused_gdn_decode_out_checked_reference, profiler_scope)
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,26 @@ def fused_gdn_decode_cuda(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_
                       softplus_threshold)
 
 
+def fused_gdn_decode_out_cuda(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices,
+                              scale, softplus_threshold=20.0, *, out):
+    """The out overload: the Triton kernel writes straight into out."""
+    launch = _load_triton()
+    if launch is None:
+        return fused_gdn_decode_out_checked_reference(
+            mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+            softplus_threshold, out=out)
+    with profiler_scope(PROFILER_EVENT):
+        torch.ops.custom_ops_internal.check_inputs_out(
+            mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+            softplus_threshold, out)
+        if _check_indices and not _capturing(ssm_state_indices):
+            torch.ops.custom_ops_internal.check_slot_indices(ssm_state_indices.cpu(),
+                                                             state_ref.shape[0])
+        launch(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+               softplus_threshold, out=out)
+        return out
+
+
 def triton_available() -> bool:
     # find_spec, not import: importing triton costs about a second; the kernel module is imported
     # on the first CUDA call instead.
@@ -93,3 +114,6 @@ if KERNEL is fused_gdn_decode_checked_reference:
 
 _lib = torch.library.Library("custom", "IMPL")
 _lib.impl(OP_NAME, KERNEL, "CUDA")
+OUT_KERNEL = (fused_gdn_decode_out_cuda if KERNEL is fused_gdn_decode_cuda
+              else fused_gdn_decode_out_checked_reference)
+_lib.impl(OP_NAME + ".out", OUT_KERNEL, "CUDA")

@@ -208,6 +208,19 @@ def call(fn, inputs: dict, **kw):
               x["ssm_state_indices"], x["scale"], **kw)
 
 
+def paged_pool(state: torch.Tensor, page: int, offset: int, fill: float = 7.0):
+    """``state``'s values in an engine-style paged pool: slot s is contiguous at element
+    ``s * page + offset`` of one buffer (vLLM keeps a block's conv state and padding there), so
+    ``stride(0) == page``. The rest of every page holds ``fill``. Returns (view, buffer)."""
+    N, Hv, V, K = state.shape
+    if page < offset + Hv * V * K:
+        raise ValueError(f"page {page} too small for offset {offset} + a slot of {Hv * V * K}")
+    buf = torch.full((N * page,), fill, dtype=state.dtype, device=state.device)
+    view = buf.as_strided(state.shape, (page, V * K, K, 1), offset)
+    view.copy_(state)
+    return view, buf
+
+
 def clone_inputs(inputs: dict) -> dict:
     """The same inputs with a copy of state_ref, the only argument the op writes."""
     return dict(inputs, state_ref=inputs["state_ref"].clone())

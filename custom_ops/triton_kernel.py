@@ -31,7 +31,7 @@ def _kernel_body(
     stride_qkv_row, stride_qkv_col,
     stride_a_row, stride_a_col,
     stride_b_row, stride_b_col,
-    stride_a_log, stride_dt_bias, stride_idx,
+    stride_a_log, stride_dt_bias, stride_idx, stride_state_slot,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, STATE_BF16: tl.constexpr, OUT_BF16: tl.constexpr,
 ):
@@ -76,9 +76,10 @@ def _kernel_body(
     decay = tl.exp(-tl.exp(a_log) * softplus)
     beta = 1.0 / (1.0 + tl.exp(-b))
 
-    # The (BV, K) tile of state_ref[slot, j]; K is the contiguous axis. int64 offsets: a pool of
+    # The (BV, K) tile of state_ref[slot, j]; K is the contiguous axis, each slot is contiguous
+    # and slots sit stride_state_slot apart (an engine's paged pool). int64 offsets: a pool of
     # a few thousand Qwen3-Next slots already exceeds 2**31 elements.
-    tile = (state_ptr + (slot * HV + j) * (V * K)
+    tile = (state_ptr + slot * stride_state_slot + j * (V * K)
             + offs_v.to(tl.int64)[:, None] * K + offs_k[None, :])
     # valid is folded in through a vector compare: the interpreter rejects a scalar-broadcast mask.
     slot_v = tl.zeros([BV], dtype=tl.int64) + slot
@@ -179,7 +180,7 @@ def launch_config(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices,
         mixed_qkv.stride(0), mixed_qkv.stride(1),
         a.stride(0), a.stride(1),
         b.stride(0), b.stride(1),
-        a_log.stride(0), dt_bias.stride(0), ssm_state_indices.stride(0),
+        a_log.stride(0), dt_bias.stride(0), ssm_state_indices.stride(0), state_ref.stride(0),
     )
     kwargs = dict(
         H=H, HV=Hv, K=K, V=V, BK=cfg.BK, BV=cfg.BV,
@@ -203,15 +204,18 @@ def fused_gdn_decode_triton(
     softplus_threshold: float = 20.0,
     *,
     config: TileConfig = None,
+    out: torch.Tensor = None,
 ) -> torch.Tensor:
-    """Launches the kernel; inputs must already have passed the op's input check.
+    """Launches the kernel; inputs (and ``out``, when given) must already have passed the op's
+    checks.
 
     Works on CUDA tensors and, with ``TRITON_INTERPRET=1``, on CPU tensors. ``config`` overrides
     the tile table (used by the GPU sweep). Returns out [B, 1, Hv, V] in mixed_qkv's dtype.
     """
     B = mixed_qkv.shape[0]
     _, Hv, V, _ = state_ref.shape
-    out = torch.empty((B, 1, Hv, V), dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+    if out is None:
+        out = torch.empty((B, 1, Hv, V), dtype=mixed_qkv.dtype, device=mixed_qkv.device)
     grid, args, kwargs = launch_config(mixed_qkv, a, b, a_log, dt_bias, state_ref,
                                        ssm_state_indices, out, scale, softplus_threshold, config)
     # Triton launches on the current device and its current stream: make them the tensors'.

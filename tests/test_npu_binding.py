@@ -230,9 +230,43 @@ def test_opcheck(fake):
     x = npu_inputs(make_inputs(Case(B=2)))
     args = (x["mixed_qkv"], x["a"], x["b"], x["a_log"], x["dt_bias"], x["state_ref"],
             x["ssm_state_indices"], x["scale"])
-    torch.library.opcheck(OP, args, {"softplus_threshold": 15.0})
+    torch.library.opcheck(OP.default, args, {"softplus_threshold": 15.0})
     assert fake.count("Launch") >= 1  # the vendor path ran, not the CPU fallback
     assert_balanced(fake)
+
+
+def test_out_overload_writes_caller_buffer(fake):
+    """The out overload hands the vendor the caller's tensor as its out (no copy): the results
+    equal the default overload's, in the very tensor passed."""
+    x = make_inputs(Case(B=3))
+    _, _, out_default, state_default = run_both(x)
+    dev = npu_inputs(x)
+    out = torch.full(out_default.shape, 5.0, dtype=out_default.dtype).to(DEV)
+    got = call(OP.out, dev, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.equal(out.cpu(), out_default)
+    assert torch.equal(dev["state_ref"].cpu(), state_default)
+    args = (dev["mixed_qkv"], dev["a"], dev["b"], dev["a_log"], dev["dt_bias"], dev["state_ref"],
+            dev["ssm_state_indices"], dev["scale"])
+    torch.library.opcheck(OP.out, args, {"out": out})
+    assert_balanced(fake)
+
+
+def test_slot_strided_pool_refused(fake):
+    """The vendor kernel takes no slot stride: a paged pool is a ValueError naming the stride,
+    raised before the vendor is called, the pool untouched."""
+    from custom_ops.testing import paged_pool
+
+    x = make_inputs(Case(B=3))
+    _, Hv, V, K = x["state_ref"].shape
+    view, _ = paged_pool(x["state_ref"].clone(), Hv * V * K + 32, 16)
+    dev = npu_inputs(dict(x, state_ref=view))
+    before = dev["state_ref"].cpu()
+    with pytest.raises(ValueError, match=r"on NPU state_ref must be contiguous .*"
+                       rf"state_ref.stride\(0\) must be Hv\*V\*K = {Hv * V * K}"):
+        call(OP, dev)
+    assert torch.equal(dev["state_ref"].cpu(), before)
+    assert fake.count("GetWorkspaceSize") == 0 and fake.count("Launch") == 0
 
 
 # ---- protocol: order, lifetimes, balance -----------------------------------------------------

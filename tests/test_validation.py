@@ -233,15 +233,27 @@ REJECTIONS = _rank_rows() + _dtype_rows() + _empty_rows() + _tensor_kind_rows() 
     Rejection("shape-indices-short", replaced("ssm_state_indices", lambda x: x[
         "ssm_state_indices"][:2]), ValueError,
         "ssm_state_indices must have shape (B,) = [3], but got [2]"),
-    # a state_ref that is not one contiguous block
+    # a state_ref whose slots are not each contiguous, or overlap (any larger slot stride is fine)
     Rejection("state-transposed", replaced("state_ref", lambda x: torch.zeros(
-        8, 4, 64, 16).transpose(2, 3)), ValueError, "state_ref must be contiguous"),
+        8, 4, 64, 16).transpose(2, 3)), ValueError,
+        "state_ref must have contiguous slots (it is updated in place): strides of dims 1-3 must "
+        "be (V*K, K, 1) = (1024, 64, 1), but got strides [4096, 1024, 1, 16]"),
     Rejection("state-row-padding", replaced("state_ref", lambda x: torch.zeros(
-        8, 4, 16, 72)[..., :64]), ValueError, "state_ref must be contiguous"),
-    Rejection("state-every-other-slot", replaced("state_ref", lambda x: torch.zeros(
-        16, 4, 16, 64)[::2]), ValueError, "state_ref must be contiguous"),
+        8, 4, 16, 72)[..., :64]), ValueError, "state_ref must have contiguous slots"),
+    Rejection("state-every-other-head", replaced("state_ref", lambda x: torch.zeros(
+        8, 8, 16, 64)[:, ::2]), ValueError, "state_ref must have contiguous slots"),
     Rejection("state-permuted", replaced("state_ref", lambda x: torch.zeros(
-        64, 16, 4, 8).permute(3, 2, 1, 0)), ValueError, "state_ref must be contiguous"),
+        64, 16, 4, 8).permute(3, 2, 1, 0)), ValueError, "state_ref must have contiguous slots"),
+    Rejection("state-overlapping-slots", replaced("state_ref", lambda x: torch.zeros(
+        8 * 4096).as_strided((8, 4, 16, 64), (2048, 1024, 64, 1))), ValueError,
+        "state_ref.stride(0) (the slot stride) must be at least Hv*V*K = 4096 so that slots do "
+        "not overlap, but got 2048"),
+    Rejection("state-slot-stride-0", replaced("state_ref", lambda x: torch.zeros(
+        1, 4, 16, 64).expand(8, 4, 16, 64)), ValueError,
+        "state_ref.stride(0) (the slot stride) must be at least Hv*V*K = 4096"),
+    Rejection("state-slot-stride-one-short", replaced("state_ref", lambda x: torch.zeros(
+        8 * 4096).as_strided((8, 4, 16, 64), (4095, 1024, 64, 1))), ValueError,
+        "must be at least Hv*V*K = 4096 so that slots do not overlap, but got 4095"),
     # scalars: finite and within float32's range (the kernels and the vendor API take float32)
     *[Rejection(f"{name}={text}", lambda x, name=name, v=v: dict(x, **{name: v}), ValueError,
                 f"{name} must be finite and within float32's range (|{name}| <= "

@@ -183,7 +183,10 @@ bool set_k_specialization(bool enabled) {
   return g_specialize_k.exchange(enabled);
 }
 
-at::Tensor npu_fused_gdn_decode_cpu(
+namespace {
+
+// Both overloads: `out` is null for the default one (allocated here after the checks).
+at::Tensor run_op(
     const at::Tensor& mixed_qkv,
     const at::Tensor& a,
     const at::Tensor& b,
@@ -192,7 +195,8 @@ at::Tensor npu_fused_gdn_decode_cpu(
     at::Tensor& state_ref,
     const at::Tensor& ssm_state_indices,
     double scale,
-    double softplus_threshold) {
+    double softplus_threshold,
+    const at::Tensor* out_arg) {
   const Variant& variant = kVariants[current_isa()];
   // Under torch.profiler: a child of the dispatcher's custom::npu_fused_gdn_decode event that
   // names the backend and the kernel variant that ran.
@@ -201,13 +205,16 @@ at::Tensor npu_fused_gdn_decode_cpu(
       mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale, softplus_threshold);
   const int64_t B = d.batch.expect_int(), Hv = d.num_v_heads.expect_int();
   const int64_t V = d.head_v.expect_int();
+  if (out_arg != nullptr) {
+    check_fused_gdn_decode_out(*out_arg, d, mixed_qkv, state_ref);
+  }
   // The indices are read once: the slot check and the kernel both use this snapshot, so a write
   // to ssm_state_indices during the call (another thread; or this call's own state update when
   // the indices live inside state_ref) cannot hand the kernel a slot the check never saw.
   const SlotSnapshot slots(ssm_state_indices);
   check_slot_indices(slots.data(), B, d.block_num.expect_int());
 
-  at::Tensor out = at::empty({B, 1, Hv, V}, mixed_qkv.options());
+  at::Tensor out = out_arg != nullptr ? *out_arg : at::empty({B, 1, Hv, V}, mixed_qkv.options());
   GdnParams p;
   p.batch = B;
   p.num_heads = d.num_heads.expect_int();
@@ -247,8 +254,41 @@ at::Tensor npu_fused_gdn_decode_cpu(
   return out;
 }
 
+} // namespace
+
+at::Tensor npu_fused_gdn_decode_cpu(
+    const at::Tensor& mixed_qkv,
+    const at::Tensor& a,
+    const at::Tensor& b,
+    const at::Tensor& a_log,
+    const at::Tensor& dt_bias,
+    at::Tensor& state_ref,
+    const at::Tensor& ssm_state_indices,
+    double scale,
+    double softplus_threshold) {
+  return run_op(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+                softplus_threshold, nullptr);
+}
+
+at::Tensor& npu_fused_gdn_decode_out_cpu(
+    const at::Tensor& mixed_qkv,
+    const at::Tensor& a,
+    const at::Tensor& b,
+    const at::Tensor& a_log,
+    const at::Tensor& dt_bias,
+    at::Tensor& state_ref,
+    const at::Tensor& ssm_state_indices,
+    double scale,
+    double softplus_threshold,
+    at::Tensor& out) {
+  run_op(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+         softplus_threshold, &out);
+  return out;
+}
+
 } // namespace custom_ops::cpu
 
 TORCH_LIBRARY_IMPL(custom, CPU, m) {
   m.impl("npu_fused_gdn_decode", &custom_ops::cpu::npu_fused_gdn_decode_cpu);
+  m.impl("npu_fused_gdn_decode.out", &custom_ops::cpu::npu_fused_gdn_decode_out_cpu);
 }

