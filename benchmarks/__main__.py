@@ -615,7 +615,10 @@ def main(argv=None):
     if args.device == "cpu" and args.callers:
         from benchmarks import threads as bench_threads
 
-        print("\nConcurrent callers (each on its own slots of one pool; the op releases the GIL):")
+        # Flushed first: with stdout a file, a process forked meanwhile (torch.compile's workers)
+        # would write the unflushed lines a second time.
+        print("\nConcurrent callers (each on its own slots of one pool; the op releases the GIL):",
+              flush=True)
         bench_threads.main(["--callers", *map(str, args.callers)])
     if args.plot:
         write_plot(rows, args.backends, args.plot, f"npu_fused_gdn_decode, {machine}")

@@ -270,7 +270,7 @@ def _isa_in_subprocess(env, code="import custom_ops; print(custom_ops.cpu_isa())
 
 def _expected_default(capability):
     """The variant expected at import for torch's CPU capability: the best this build and CPU
-    run, not above the capability's (AVX512: the best AVX-512 variant)."""
+    run, not above the capability's (AVX512: avx512; an EXPLICIT row never)."""
     rank = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}  # EXPLICIT: never the default
     limit = rank.get(capability, 0)
     runnable = custom_ops.cpu_isas()
