@@ -167,8 +167,8 @@ struct HeadVectors {
 // unroll), else 0. Every row's arithmetic and its order are the same whatever kHeadK, kGroupSize,
 // the interleaving or the ISA.
 //
-// Every member function is always_inline: the accumulators then stay in registers (the codegen
-// test checks it), which they do not once any of them is compiled out of line.
+// Every step is always_inline into the one out-of-line update(): the accumulators then stay in
+// registers (the codegen test checks it), which they do not once a step is compiled out of line.
 template <typename S, int kGroupSize, int kHeadK, typename T>
 class RowGroups {
  public:
