@@ -248,14 +248,23 @@ class RowGroups {
   // delta k[t] can at most overflow to +-Inf. Its stores can then skip their NaN handling
   // (StateIo::store_finite).
   __attribute__((always_inline)) void finish_dot(int64_t first, int slot) {
-    float sums[R];
-    sum_rows<R>(u_, sums);
-    bool finite = true;
-    for_rows<R>([&](auto r) __attribute__((always_inline)) {
-      delta_[slot][r] = h_.beta * (static_cast<float>(h_.v[(first + r) * h_.v_stride]) - sums[r]);
-      finite = finite && std::isfinite(sums[r]) && std::isfinite(delta_[slot][r]);
-    });
-    finite_[slot] = finite;
+    if constexpr (R == 4) {
+      const Quad sums = quad_sum_rows(u_);
+      const Quad v = quad_load(h_.v + first * h_.v_stride, h_.v_stride);
+      const Quad delta = quad_mul(quad_set1(h_.beta), quad_sub(v, sums));
+      quad_store(delta_[slot], delta);
+      finite_[slot] = quad_finite(sums) && quad_finite(delta);
+    } else {
+      float sums[R];
+      sum_rows<R>(u_, sums);
+      bool finite = true;
+      for_rows<R>([&](auto r) __attribute__((always_inline)) {
+        delta_[slot][r] =
+            h_.beta * (static_cast<float>(h_.v[(first + r) * h_.v_stride]) - sums[r]);
+        finite = finite && std::isfinite(sums[r]) && std::isfinite(delta_[slot][r]);
+      });
+      finite_[slot] = finite;
+    }
   }
 
   // Pass one of group n (at `first`) on its own (the first two groups).
@@ -342,11 +351,15 @@ class RowGroups {
     if constexpr (kAhead) {
       finish_dot(first + 2 * R, slot);
     }
-    float o[R];
-    sum_rows<R>(acc, o);
-    for_rows<R>([&](auto r) __attribute__((always_inline)) {
-      h_.out[first + r] = static_cast<T>(std::isnan(o[r]) ? kNaN : o[r]);
-    });
+    if constexpr (R == 4) {
+      quad_store(h_.out + first, quad_sum_rows(acc));
+    } else {
+      float o[R];
+      sum_rows<R>(acc, o);
+      for_rows<R>([&](auto r) __attribute__((always_inline)) {
+        h_.out[first + r] = static_cast<T>(std::isnan(o[r]) ? kNaN : o[r]);
+      });
+    }
   }
 
   S* const s_;

@@ -202,13 +202,13 @@ inline Blk blk_canonical_nan(const Blk& a) {
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 // The tree above for four rows at once (transpose-and-add: about a third of the shuffles and
 // adds of four separate reductions).
-inline void hsum4(const __m256* v, float* out) {
+inline __m128 hsum4(const __m256* v) {
   // Per 128-bit lane: ab = [a0+a2, b0+b2, a1+a3, b1+b3], likewise cd; then [a, b, c, d].
   const __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(v[0], v[1]), _mm256_unpackhi_ps(v[0], v[1]));
   const __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(v[2], v[3]), _mm256_unpackhi_ps(v[2], v[3]));
   const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
                                  _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
-  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 // The same tree for one row: pairs (i, i + 2), then (i, i + 1), then the two 128-bit halves.
 inline float hsum1(__m256 L) {
@@ -228,7 +228,7 @@ inline void sum_rows(const Blk* v, float* out) {
     f[r] = blk_fold(v[r < R ? r : 0]);
   }
   float all[4];
-  hsum4(f, all);
+  _mm_storeu_ps(all, hsum4(f));
   for (int r = 0; r < R; ++r) {
     out[r] = all[r];
   }
@@ -241,6 +241,108 @@ inline void sum_rows(const Blk* v, float* out) {
     for (int i = 0; i < 8; ++i) L[i] = v[r].x[i] + v[r].x[8 + i];
     out[r] = ((L[0] + L[2]) + (L[1] + L[3])) + ((L[4] + L[6]) + (L[5] + L[7]));
   }
+}
+#endif
+
+// Four rows' scalars (a group's sums, deltas and outputs) as one vector, so that a group's tail
+// is a few vector operations instead of four rows of scalar code. Each lane computes what the
+// scalar code computes for its row (one rounding per operation; conversions exact or rounding
+// to nearest even, NaN stored as the canonical NaN), so the bits are the same.
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+struct Quad {
+  __m128 v;
+};
+inline Quad quad_set1(float x) { return {_mm_set1_ps(x)}; }
+inline Quad quad_sub(const Quad& a, const Quad& b) { return {_mm_sub_ps(a.v, b.v)}; }
+inline Quad quad_mul(const Quad& a, const Quad& b) { return {_mm_mul_ps(a.v, b.v)}; }
+inline void quad_store(float* p, const Quad& a) { _mm_storeu_ps(p, a.v); }
+// sum_rows<4>(v, ..) as a Quad.
+inline Quad quad_sum_rows(const Blk* v) {
+  const __m256 f[4] = {blk_fold(v[0]), blk_fold(v[1]), blk_fold(v[2]), blk_fold(v[3])};
+  return {hsum4(f)};
+}
+// Whether all four lanes are finite (a NaN compares false).
+inline bool quad_finite(const Quad& a) {
+  const __m128 magnitude = _mm_andnot_ps(_mm_set1_ps(-0.f), a.v);
+  const __m128 finite =
+      _mm_cmp_ps(magnitude, _mm_set1_ps(std::numeric_limits<float>::infinity()), _CMP_LT_OQ);
+  return _mm_movemask_ps(finite) == 0xf;
+}
+// p[0], p[stride], p[2 stride], p[3 stride] of a 16-bit type, as 4 words.
+template <typename T>
+inline __m128i quad_words(const T* p, int64_t stride) {
+  static_assert(sizeof(T) == 2, "16-bit values");
+  if (stride == 1) {
+    return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  }
+  return _mm_setr_epi16(static_cast<int16_t>(p[0].x), static_cast<int16_t>(p[stride].x),
+                        static_cast<int16_t>(p[2 * stride].x),
+                        static_cast<int16_t>(p[3 * stride].x), 0, 0, 0, 0);
+}
+// Four values, widened exactly.
+template <typename T>
+inline Quad quad_load(const T* p, int64_t stride) {
+  const __m128i w = quad_words(p, stride);
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return {_mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(w), 16))};
+  } else {
+    return {_mm_cvtph_ps(w)};
+  }
+}
+// p[0, 4) = the four lanes, rounded to nearest even, NaN as the canonical NaN.
+template <typename T>
+inline void quad_store(T* p, const Quad& a) {
+  const __m128 x =
+      _mm_blendv_ps(a.v, _mm_set1_ps(kNaN), _mm_cmp_ps(a.v, a.v, _CMP_UNORD_Q));
+  __m128i w;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    // As round_bf16_high_no_nan (the canonical NaN rounds to 0x7fc0); then the high words.
+    const __m128i bits = _mm_castps_si128(x);
+    const __m128i tie_even = _mm_cmpeq_epi32(_mm_and_si128(bits, _mm_set1_epi32(0x1ffff)),
+                                             _mm_set1_epi32(0x8000));
+    const __m128i high =
+        _mm_add_epi32(_mm_add_epi32(bits, _mm_set1_epi32(0x8000)), tie_even);
+    w = _mm_packus_epi32(_mm_srli_epi32(high, 16), _mm_setzero_si128());
+  } else {
+    w = _mm_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), w);
+}
+#else
+struct Quad {
+  float x[4];
+};
+inline Quad quad_set1(float v) { return {{v, v, v, v}}; }
+inline Quad quad_sub(const Quad& a, const Quad& b) {
+  Quad r;
+  for (int l = 0; l < 4; ++l) r.x[l] = a.x[l] - b.x[l];
+  return r;
+}
+inline Quad quad_mul(const Quad& a, const Quad& b) {
+  Quad r;
+  for (int l = 0; l < 4; ++l) r.x[l] = a.x[l] * b.x[l];
+  return r;
+}
+inline void quad_store(float* p, const Quad& a) { std::memcpy(p, a.x, sizeof(a.x)); }
+inline Quad quad_sum_rows(const Blk* v) {
+  Quad r;
+  sum_rows<4>(v, r.x);
+  return r;
+}
+inline bool quad_finite(const Quad& a) {
+  bool finite = true;
+  for (int l = 0; l < 4; ++l) finite = finite && std::isfinite(a.x[l]);
+  return finite;
+}
+template <typename T>
+inline Quad quad_load(const T* p, int64_t stride) {
+  Quad r;
+  for (int l = 0; l < 4; ++l) r.x[l] = static_cast<float>(p[l * stride]);
+  return r;
+}
+template <typename T>
+inline void quad_store(T* p, const Quad& a) {
+  for (int l = 0; l < 4; ++l) p[l] = static_cast<T>(std::isnan(a.x[l]) ? kNaN : a.x[l]);
 }
 #endif
 
