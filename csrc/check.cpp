@@ -1,4 +1,4 @@
-// The one input check of custom::npu_fused_gdn_decode (SPEC.md, "Validation"). CPU, NPU and Meta
+// The one input check of custom::npu_fused_gdn_decode (docs/spec.md, "Validation"). CPU, NPU and Meta
 // all call it before touching any data, so every backend accepts and rejects the same inputs.
 // Written on SymInt so the Meta kernel can run it on symbolic shapes under torch.compile.
 #include <algorithm>
@@ -18,7 +18,6 @@
 namespace custom_ops {
 namespace {
 
-constexpr const char* kOp = "npu_fused_gdn_decode: ";
 constexpr int64_t kUint32Max = 4294967295LL;
 constexpr int64_t kMinK = 64;
 constexpr int64_t kMaxK = 2032;

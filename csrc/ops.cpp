@@ -1,13 +1,31 @@
-// The schema, declared once, the internal helper ops, and the (empty) Python module. Importing
-// custom_ops._C runs the static registrations of every backend file linked into it.
+// The schema, declared once, the internal helper ops, the environment switch reader, and the
+// (empty) Python module. Importing custom_ops._C runs the static registrations of every backend
+// file linked into it.
 #include <Python.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "cpu/kernel.h"
 #include "fused_gdn_decode.h"
+
+namespace custom_ops {
+
+bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) {
+    return false;
+  }
+  std::string v(value);
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  return v == "1" || v == "true" || v == "on" || v == "yes";
+}
+
+} // namespace custom_ops
 
 TORCH_LIBRARY(custom, m) {
   m.def(custom_ops::kFusedGdnDecodeSchema);
