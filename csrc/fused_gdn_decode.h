@@ -31,8 +31,9 @@ inline constexpr const char* kFusedGdnDecodeOutSchema =
 
 // The op's C++ signature, written once (as ATen's forward_fn in native/layer_norm.h): the
 // dispatcher calls a kernel of the default overload as FusedGdnDecodeFn, one of the out overload
-// with `at::Tensor& out` appended and out returned (FusedGdnDecodeOutFn). A change of the schema changes this alias and
-// the matching GdnArgs below; every kernel is made from them by FusedGdnDecodeKernels.
+// with `at::Tensor& out` appended and out returned (FusedGdnDecodeOutFn). A change of the schema
+// changes this alias and the matching GdnArgs below; every kernel is made from them by
+// FusedGdnDecodeKernels.
 using FusedGdnDecodeFn = at::Tensor(const at::Tensor& mixed_qkv, const at::Tensor& a,
                                     const at::Tensor& b, const at::Tensor& a_log,
                                     const at::Tensor& dt_bias, at::Tensor& state_ref,
@@ -127,19 +128,7 @@ struct GdnDims {
 
 // Every backend (CPU, NPU, Meta, fallback) calls this first. Throws TypeError for dtype
 // problems and ValueError for shape/value/device problems; touches no data.
-GdnDims check_fused_gdn_decode_inputs(
-    const at::Tensor& mixed_qkv,
-    const at::Tensor& a,
-    const at::Tensor& b,
-    const at::Tensor& a_log,
-    const at::Tensor& dt_bias,
-    const at::Tensor& state_ref,
-    const at::Tensor& ssm_state_indices,
-    double scale,
-    double softplus_threshold);
-inline GdnDims check_fused_gdn_decode_inputs(const GdnArgs& args) {
-  return args.apply([](const auto&... arg) { return check_fused_gdn_decode_inputs(arg...); });
-}
+GdnDims check_fused_gdn_decode_inputs(const GdnArgs& args);
 
 // The out variant's extra check: out is [B, 1, Hv, V], mixed_qkv's dtype and device, contiguous,
 // sharing no memory with mixed_qkv or state_ref. Run after the input check.

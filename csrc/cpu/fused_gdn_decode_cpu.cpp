@@ -4,7 +4,6 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/Version.h>
 #include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
