@@ -67,7 +67,7 @@ def close(actual, expected):
         return str(e).splitlines()[0] + " " + " ".join(str(e).splitlines()[1:4])
 
 
-def check(device, name, B, H, Hv, K, V, dtype, state_dtype, steps, views=False):
+def check(device, B, H, Hv, K, V, dtype, state_dtype, steps, views=False):
     cpu = inputs(B, H, Hv, K, V, dtype, state_dtype, views=views)
     npu = to_device(cpu, device)
     cpu["state_ref"] = cpu["state_ref"].clone()
@@ -131,15 +131,14 @@ def main():
         for dtype, state_dtype in DTYPE_PAIRS:
             for B in batches:
                 tag = f"{name} B={B} H={H} Hv={Hv} K={K} V={V} {short(dtype)}/{short(state_dtype)}"
-                errors = check(args.device, name, B, H, Hv, K, V, dtype, state_dtype, args.steps)
+                errors = check(args.device, B, H, Hv, K, V, dtype, state_dtype, args.steps)
                 failures += bool(errors)
                 print(f"{'FAIL' if errors else 'ok  '} {tag}")
                 for e in errors:
                     print(f"     {e}")
     # Views and storage offsets (state_ref at a non-zero offset inside its storage).
     for dtype, state_dtype in DTYPE_PAIRS:
-        errors = check(args.device, "views", 9, 2, 4, 128, 128, dtype, state_dtype, args.steps,
-                       views=True)
+        errors = check(args.device, 9, 2, 4, 128, 128, dtype, state_dtype, args.steps, views=True)
         failures += bool(errors)
         print(f"{'FAIL' if errors else 'ok  '} strided views + storage offsets "
               f"{short(dtype)}/{short(state_dtype)}")
