@@ -28,7 +28,6 @@ import math
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -38,6 +37,8 @@ import torch
 import custom_ops
 from custom_ops import fused_gdn_decode_reference
 from custom_ops.testing import Case, agrees_with_reference, call, make_inputs
+
+from benchmarks._harness import moved_bytes, slot_bytes, slot_windows, time_calls
 
 QWEN3_NEXT = (16, 32)  # (H, Hv); K = V = 128
 TP_SHARDS = [(8, 16), (4, 8), (2, 4)]
@@ -136,35 +137,6 @@ class Progress:
             sys.stderr.write("\n")
 
 
-def time_call(fn, sync, min_time):
-    """Median seconds per call over repeated calls (at least 5, about min_time in total)."""
-    return time_calls({"fn": fn}, sync, min_time)["fn"]
-
-
-def time_calls(fns, sync, min_time, rounds=5):
-    """Median seconds per call of each of fns (a dict), interleaved: `rounds` rounds in which each
-    fn makes its share of calls (at least 5 in all, about min_time each), so that a slow spell of
-    a shared machine falls on every fn of a ratio alike instead of on one of them."""
-    reps = {}
-    for name, fn in fns.items():
-        fn()
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        once = max(time.perf_counter() - t0, 1e-7)
-        reps[name] = -(-int(min(max(5, min_time / once), 1000)) // rounds)  # per round, rounded up
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            for _ in range(reps[name]):
-                t0 = time.perf_counter()
-                fn()
-                sync()
-                samples[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(v) for name, v in samples.items()}
-
-
 def _size_bytes(text):
     """ "32768K" / "32M" / "1024" -> bytes."""
     text = text.strip().upper()
@@ -220,8 +192,8 @@ class DramPool:
     """A state pool of at least POOL_OVER_CACHE x the last-level cache for one (shape, state
     dtype), and the slot windows that make every timed call touch bytes no recent call touched."""
 
-    def __init__(self, H, Hv, D, state_dtype, cache_bytes, device, seed=0):
-        self.slot_bytes = Hv * D * D * torch.empty((), dtype=state_dtype).element_size()
+    def __init__(self, Hv, D, state_dtype, cache_bytes, device, seed=0):
+        self.slot_bytes = slot_bytes(Hv, D, D, state_dtype)
         self.min_bytes = POOL_OVER_CACHE * cache_bytes
         self.shape, self.state_dtype, self.device, self.seed = (Hv, D, D), state_dtype, device, seed
         self.state = None
@@ -242,11 +214,7 @@ class DramPool:
     def windows(self, B, seed=0):
         """An endless cycle of index tensors: B distinct slots each, disjoint from the previous
         POOL_OVER_CACHE - 1 windows (a random permutation of the pool cut into windows)."""
-        n = self.state.shape[0] - 1
-        perm = (torch.randperm(n, generator=torch.Generator().manual_seed(seed)) + 1).to(
-            torch.int32)
-        count = n // B
-        return itertools.cycle([perm[w * B:(w + 1) * B].to(self.device) for w in range(count)])
+        return itertools.cycle(slot_windows(B, self.state.shape[0] - 1, seed, self.device))
 
     def byte_chunks(self, nbytes):
         """An endless cycle of int32 views of nbytes / 2 consecutive fresh bytes each (the
@@ -299,7 +267,7 @@ def run(args):
         dtype = DTYPES[input_dtype_for(sd, args.input_dtype)]
         pool = None
         if "dram" in args.modes:
-            pool = DramPool(H, Hv, D, state_dtype, cache_bytes, device)
+            pool = DramPool(Hv, D, state_dtype, cache_bytes, device)
         for _, _, _, B in group:
             # The check before timing, on a small pool (it compares the whole pool).
             case = Case(B=B, H=H, Hv=Hv, K=D, V=D, dtype=dtype, state_dtype=state_dtype,
@@ -312,7 +280,7 @@ def run(args):
                     impl = impl or compiled_reference()
                     # Runs impl and the reference once on copies of the state: out and state agree?
                     checked[backend] = (impl, agrees_with_reference(impl, x))
-            nbytes = 2 * B * Hv * D * D * x["state_ref"].element_size()
+            nbytes = moved_bytes(B, Hv, D, D, x["state_ref"].dtype)
             for mode in args.modes:
                 if mode == "dram":
                     xm = dict(x, state_ref=pool.ensure(B))
@@ -374,7 +342,7 @@ def run_variants(args):
     try:
         for sd in args.state_dtype:
             dtype = DTYPES[input_dtype_for(sd, args.input_dtype)]
-            pool = (DramPool(H, Hv, D, DTYPES[sd], args.cache_bytes, device)
+            pool = (DramPool(Hv, D, DTYPES[sd], args.cache_bytes, device)
                     if "dram" in args.modes else None)
             for B in args.variants_batch:
                 case = Case(B=B, H=H, Hv=Hv, K=D, V=D, dtype=dtype, state_dtype=DTYPES[sd],
@@ -384,7 +352,7 @@ def run_variants(args):
                 for isa in custom_ops.cpu_isas():
                     custom_ops.set_cpu_isa(isa)
                     ok[isa] = agrees_with_reference(op, x)
-                nbytes = 2 * B * Hv * D * D * x["state_ref"].element_size()
+                nbytes = moved_bytes(B, Hv, D, D, x["state_ref"].dtype)
                 for mode, threads in itertools.product(args.modes, args.variants_threads):
                     torch.set_num_threads(threads)
                     if mode == "dram":
@@ -530,8 +498,8 @@ def write_plot(rows, backends, path, title):
 
 def run_cuda(args):
     """--device cuda: the Triton kernel against FLA, compiled reference and a device copy
-    (benchmarks/cuda.py, which times with CUDA-graph replays)."""
-    from benchmarks import cuda as triton_bench
+    (benchmarks/gpu.py, which times with CUDA-graph replays)."""
+    from benchmarks import gpu as triton_bench
 
     shapes = []
     if args.shapes in ("all", "full"):

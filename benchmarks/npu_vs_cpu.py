@@ -4,8 +4,8 @@
 Run on a host with CANN, the FusedGdnDecode op package (its set_env.bash sourced), torch_npu and
 custom_ops installed (docs/npu.md):
 
-    python benchmarks/npu_vs_cpu.py              # all checks + timings
-    python benchmarks/npu_vs_cpu.py --quick      # a few small shapes, no timings
+    python -m benchmarks.npu_vs_cpu              # all checks + timings
+    python -m benchmarks.npu_vs_cpu --quick      # a few small shapes, no timings
 
 For each shape and (input, state) dtype pair it runs several decode steps on the NPU and on the
 CPU from the same inputs (a and b as column slices of one projection, some invalid rows) and
@@ -16,16 +16,9 @@ Exit status 0 only if everything matched.
 """
 
 import argparse
-import os
 import sys
-import time
 
-# Run as a script, this directory would come first on sys.path and its cuda.py would shadow the
-# `cuda` package that torch imports.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-
-import torch  # noqa: E402
+import torch
 
 try:
     import torch_npu  # noqa: F401  (registers the "npu" device)
@@ -42,6 +35,8 @@ from custom_ops.testing import (  # noqa: E402
     short,
     to_device,
 )
+
+from ._harness import time_loop  # noqa: E402
 
 # (name, H, Hv, K, V): Qwen3-Next-80B-A3B and its TP shards; Qwen3.5 ratios 3 and 4.
 SHAPES = [
@@ -72,7 +67,7 @@ def close(actual, expected):
         return str(e).splitlines()[0] + " " + " ".join(str(e).splitlines()[1:4])
 
 
-def check(device, name, B, H, Hv, K, V, dtype, state_dtype, steps, views=False):
+def check(device, B, H, Hv, K, V, dtype, state_dtype, steps, views=False):
     cpu = inputs(B, H, Hv, K, V, dtype, state_dtype, views=views)
     npu = to_device(cpu, device)
     cpu["state_ref"] = cpu["state_ref"].clone()
@@ -111,20 +106,8 @@ def check_stream(device):
 def timing(device, B, H, Hv, K, V, dtype, state_dtype, iters):
     cpu = inputs(B, H, Hv, K, V, dtype, state_dtype)
     npu = to_device(cpu, device)
-    for _ in range(5):
-        call(OP, npu)
-    torch.npu.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        call(OP, npu)
-    torch.npu.synchronize()
-    t_npu = (time.perf_counter() - t0) / iters
-    call(OP, cpu)
-    t0 = time.perf_counter()
-    n_cpu = max(1, iters // 10)
-    for _ in range(n_cpu):
-        call(OP, cpu)
-    t_cpu = (time.perf_counter() - t0) / n_cpu
+    t_npu = time_loop(lambda: call(OP, npu), torch.npu.synchronize, iters, warmup=5)
+    t_cpu = time_loop(lambda: call(OP, cpu), lambda: None, max(1, iters // 10), warmup=1)
     return t_npu, t_cpu
 
 
@@ -148,15 +131,14 @@ def main():
         for dtype, state_dtype in DTYPE_PAIRS:
             for B in batches:
                 tag = f"{name} B={B} H={H} Hv={Hv} K={K} V={V} {short(dtype)}/{short(state_dtype)}"
-                errors = check(args.device, name, B, H, Hv, K, V, dtype, state_dtype, args.steps)
+                errors = check(args.device, B, H, Hv, K, V, dtype, state_dtype, args.steps)
                 failures += bool(errors)
                 print(f"{'FAIL' if errors else 'ok  '} {tag}")
                 for e in errors:
                     print(f"     {e}")
     # Views and storage offsets (state_ref at a non-zero offset inside its storage).
     for dtype, state_dtype in DTYPE_PAIRS:
-        errors = check(args.device, "views", 9, 2, 4, 128, 128, dtype, state_dtype, args.steps,
-                       views=True)
+        errors = check(args.device, 9, 2, 4, 128, 128, dtype, state_dtype, args.steps, views=True)
         failures += bool(errors)
         print(f"{'FAIL' if errors else 'ok  '} strided views + storage offsets "
               f"{short(dtype)}/{short(state_dtype)}")

@@ -37,14 +37,13 @@ def configurations(ks=KS, pairs=DTYPE_PAIRS):
 
     tile_config's tile grows with V up to its register budget and then stays, so the powers of two
     up to 4096 reach every tile; each tile is compiled once, with V = 128 where that picks it (the
-    realistic shape), else with the smallest V that does. V values in TUNED_TILES are included.
+    realistic shape), else with the smallest V that does.
     """
     from custom_ops import triton_kernel as tk
 
     for dtype, sdt in pairs:
         for K in ks:
             vs = {1 << e for e in range(13)}
-            vs |= {v for (k, v, s) in tk.TUNED_TILES if k == K and s == sdt}
             picks = {}
             for V in sorted(vs):
                 picks.setdefault(tk.tile_config(K, V, sdt), V)

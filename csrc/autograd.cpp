@@ -30,15 +30,18 @@
 namespace custom_ops {
 namespace {
 
-using Signature = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                             const at::Tensor&, const at::Tensor&, at::Tensor&, const at::Tensor&,
-                             double, double);
-
-const c10::TypedOperatorHandle<Signature>& op() {
-  static const auto handle = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("custom::npu_fused_gdn_decode", "")
-                                 .typed<Signature>();
-  return handle;
+// The op and its out overload, for redispatching `args` below a key (out null: the default one).
+at::Tensor redispatch(c10::DispatchKeySet ks, const GdnArgs& args, at::Tensor* out) {
+  if (out == nullptr) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("custom::npu_fused_gdn_decode", "")
+                               .typed<FusedGdnDecodeFn>();
+    return args.apply([&](auto&&... arg) { return op.redispatch(ks, arg...); });
+  }
+  static const auto out_op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("custom::npu_fused_gdn_decode", "out")
+                                 .typed<FusedGdnDecodeOutFn>();
+  return args.apply([&](auto&&... arg) { return out_op.redispatch(ks, arg..., *out); });
 }
 
 namespace ag = torch::autograd;
@@ -63,17 +66,10 @@ constexpr const char* kNoBackward =
     "backward. Call it under torch.no_grad() or torch.inference_mode(), or pass inputs that do "
     "not require grad";
 
-at::Tensor npu_fused_gdn_decode_autograd(
-    c10::DispatchKeySet ks,
-    const at::Tensor& mixed_qkv,
-    const at::Tensor& a,
-    const at::Tensor& b,
-    const at::Tensor& a_log,
-    const at::Tensor& dt_bias,
-    at::Tensor& state_ref,
-    const at::Tensor& ssm_state_indices,
-    double scale,
-    double softplus_threshold) {
+// Registered for the default overload only (out is null).
+at::Tensor autograd_kernel(c10::DispatchKeySet ks, const GdnArgs& args, at::Tensor* out) {
+  const auto& [mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+               softplus_threshold] = args;
   const at::Tensor* differentiable[] = {&mixed_qkv, &a, &b, &a_log, &dt_bias, &state_ref};
   for (const at::Tensor* t : differentiable) {
     TORCH_CHECK_NOT_IMPLEMENTED(!ag::isFwGradDefined(*t), kNoBackward, " (forward-mode AD)");
@@ -87,96 +83,54 @@ at::Tensor npu_fused_gdn_decode_autograd(
     grad_fn = make_node<NodePtr, ag::Error>(kNoBackward);
     grad_fn->set_next_edges(ag::collect_next_edges(mixed_qkv, a, b, a_log, dt_bias, state_ref));
   }
-  at::Tensor out;
+  at::Tensor result;
   {
     at::AutoDispatchBelowAutograd guard;
-    out = op().redispatch(ks & c10::after_autograd_keyset, mixed_qkv, a, b, a_log, dt_bias,
-                          state_ref, ssm_state_indices, scale, softplus_threshold);
+    result = redispatch(ks & c10::after_autograd_keyset, args, out);
   }
   if (grad_fn) {
     ag::rebase_history(std::vector<at::Tensor>{state_ref}, grad_fn);
-    ag::set_history(out, grad_fn);
+    ag::set_history(result, grad_fn);
   }
-  return out;
+  return result;
 }
 
-at::Tensor npu_fused_gdn_decode_ad_inplace_or_view(
-    c10::DispatchKeySet ks,
-    const at::Tensor& mixed_qkv,
-    const at::Tensor& a,
-    const at::Tensor& b,
-    const at::Tensor& a_log,
-    const at::Tensor& dt_bias,
-    at::Tensor& state_ref,
-    const at::Tensor& ssm_state_indices,
-    double scale,
-    double softplus_threshold) {
+// Registered for the default overload only (out is null).
+at::Tensor ad_inplace_or_view_kernel(c10::DispatchKeySet ks, const GdnArgs& args,
+                                     at::Tensor* out) {
+  at::Tensor& state_ref = args.state_ref;
   // Native in-place ops find an inference tensor outside inference_mode when they bump its
   // version after writing; bumping once before the call raises the same error with state_ref
   // still untouched.
   if (state_ref.defined() && state_ref.is_inference() && !c10::InferenceMode::is_enabled()) {
     torch::autograd::increment_version(state_ref);
   }
-  at::Tensor out;
+  at::Tensor result;
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    out = op().redispatch(ks & c10::after_ADInplaceOrView_keyset, mixed_qkv, a, b, a_log, dt_bias,
-                          state_ref, ssm_state_indices, scale, softplus_threshold);
+    result = redispatch(ks & c10::after_ADInplaceOrView_keyset, args, out);
   }
   torch::autograd::increment_version(state_ref);
-  return out;
+  return result;
 }
 
-at::Tensor npu_fused_gdn_decode_math_bits(
-    c10::DispatchKeySet ks,
-    const at::Tensor& mixed_qkv,
-    const at::Tensor& a,
-    const at::Tensor& b,
-    const at::Tensor& a_log,
-    const at::Tensor& dt_bias,
-    at::Tensor& state_ref,
-    const at::Tensor& ssm_state_indices,
-    double scale,
-    double softplus_threshold) {
-  // Rejects a negative view as state_ref; conjugate bits exist only on complex tensors, which it
-  // rejects by dtype.
-  check_fused_gdn_decode_inputs(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices,
-                                scale, softplus_threshold);
-  const auto resolve = [](const at::Tensor& t) { return t.resolve_neg(); };
-  return op().redispatch(
+// Both overloads: `out` is null for the default one.
+at::Tensor math_bits_kernel(c10::DispatchKeySet ks, const GdnArgs& args, at::Tensor* out) {
+  // Rejects a negative view as state_ref (and, for the out overload, as out) before anything is
+  // written; conjugate bits exist only on complex tensors, which it rejects by dtype.
+  const GdnDims d = check_fused_gdn_decode_inputs(args);
+  if (out != nullptr) {
+    check_fused_gdn_decode_out(*out, d, args.mixed_qkv, args.state_ref);
+  }
+  const at::Tensor mixed_qkv = args.mixed_qkv.resolve_neg(), a = args.a.resolve_neg(),
+                   b = args.b.resolve_neg(), a_log = args.a_log.resolve_neg(),
+                   dt_bias = args.dt_bias.resolve_neg(),
+                   ssm_state_indices = args.ssm_state_indices.resolve_neg();
+  return redispatch(
       ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Conjugate),
-      resolve(mixed_qkv), resolve(a), resolve(b), resolve(a_log), resolve(dt_bias), state_ref,
-      resolve(ssm_state_indices), scale, softplus_threshold);
-}
-
-using OutSignature = at::Tensor&(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                 const at::Tensor&, const at::Tensor&, at::Tensor&,
-                                 const at::Tensor&, double, double, at::Tensor&);
-
-at::Tensor& npu_fused_gdn_decode_out_math_bits(
-    c10::DispatchKeySet ks,
-    const at::Tensor& mixed_qkv,
-    const at::Tensor& a,
-    const at::Tensor& b,
-    const at::Tensor& a_log,
-    const at::Tensor& dt_bias,
-    at::Tensor& state_ref,
-    const at::Tensor& ssm_state_indices,
-    double scale,
-    double softplus_threshold,
-    at::Tensor& out) {
-  // As above; the out check rejects a negative out before anything is written.
-  const GdnDims d = check_fused_gdn_decode_inputs(
-      mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale, softplus_threshold);
-  check_fused_gdn_decode_out(out, d, mixed_qkv, state_ref);
-  static const auto handle = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("custom::npu_fused_gdn_decode", "out")
-                                 .typed<OutSignature>();
-  const auto resolve = [](const at::Tensor& t) { return t.resolve_neg(); };
-  return handle.redispatch(
-      ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Conjugate),
-      resolve(mixed_qkv), resolve(a), resolve(b), resolve(a_log), resolve(dt_bias), state_ref,
-      resolve(ssm_state_indices), scale, softplus_threshold, out);
+      GdnArgs{mixed_qkv, a, b, a_log, dt_bias, args.state_ref, ssm_state_indices, args.scale,
+              args.softplus_threshold},
+      out);
 }
 
 } // namespace
@@ -185,22 +139,22 @@ at::Tensor& npu_fused_gdn_decode_out_math_bits(
 // The out overload: torch's generic fallbacks, which read the schema's (a!)/(b!) annotations
 // (in-place checks, version bumps of state_ref and out, a backward that raises).
 TORCH_LIBRARY_IMPL(custom, Autograd, m) {
-  m.impl("npu_fused_gdn_decode", &custom_ops::npu_fused_gdn_decode_autograd);
+  m.impl("npu_fused_gdn_decode",
+         &custom_ops::Kernels::functional_ks<&custom_ops::autograd_kernel>);
   m.impl("npu_fused_gdn_decode.out", torch::autograd::autogradNotImplementedFallback());
 }
 
 TORCH_LIBRARY_IMPL(custom, ADInplaceOrView, m) {
-  m.impl("npu_fused_gdn_decode", &custom_ops::npu_fused_gdn_decode_ad_inplace_or_view);
+  m.impl("npu_fused_gdn_decode",
+         &custom_ops::Kernels::functional_ks<&custom_ops::ad_inplace_or_view_kernel>);
   m.impl("npu_fused_gdn_decode.out",
          torch::autograd::autogradNotImplementedInplaceOrViewFallback());
 }
 
 TORCH_LIBRARY_IMPL(custom, Negative, m) {
-  m.impl("npu_fused_gdn_decode", &custom_ops::npu_fused_gdn_decode_math_bits);
-  m.impl("npu_fused_gdn_decode.out", &custom_ops::npu_fused_gdn_decode_out_math_bits);
+  custom_ops::impl_fused_gdn_decode_ks<&custom_ops::math_bits_kernel>(m);
 }
 
 TORCH_LIBRARY_IMPL(custom, Conjugate, m) {
-  m.impl("npu_fused_gdn_decode", &custom_ops::npu_fused_gdn_decode_math_bits);
-  m.impl("npu_fused_gdn_decode.out", &custom_ops::npu_fused_gdn_decode_out_math_bits);
+  custom_ops::impl_fused_gdn_decode_ks<&custom_ops::math_bits_kernel>(m);
 }

@@ -1,5 +1,5 @@
-// The one input check of custom::npu_fused_gdn_decode (SPEC.md, "Validation"). CPU, NPU and Meta
-// all call it before touching any data, so every backend accepts and rejects the same inputs.
+// The one input check of custom::npu_fused_gdn_decode (docs/spec.md, "Validation"). CPU, NPU and
+// Meta all call it before touching any data, so every backend accepts and rejects the same inputs.
 // Written on SymInt so the Meta kernel can run it on symbolic shapes under torch.compile.
 #include <algorithm>
 #include <charconv>
@@ -18,7 +18,6 @@
 namespace custom_ops {
 namespace {
 
-constexpr const char* kOp = "npu_fused_gdn_decode: ";
 constexpr int64_t kUint32Max = 4294967295LL;
 constexpr int64_t kMinK = 64;
 constexpr int64_t kMaxK = 2032;
@@ -152,16 +151,9 @@ void check_float32_attr(double v, const char* name) {
 
 } // namespace
 
-GdnDims check_fused_gdn_decode_inputs(
-    const at::Tensor& mixed_qkv,
-    const at::Tensor& a,
-    const at::Tensor& b,
-    const at::Tensor& a_log,
-    const at::Tensor& dt_bias,
-    const at::Tensor& state_ref,
-    const at::Tensor& ssm_state_indices,
-    double scale,
-    double softplus_threshold) {
+GdnDims check_fused_gdn_decode_inputs(const GdnArgs& args) {
+  const auto& [mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+               softplus_threshold] = args;
   const std::pair<const at::Tensor*, const char*> all[] = {
       {&mixed_qkv, "mixed_qkv"}, {&a, "a"}, {&b, "b"}, {&a_log, "a_log"},
       {&dt_bias, "dt_bias"}, {&state_ref, "state_ref"},

@@ -1,13 +1,31 @@
-// The schema, declared once, the internal helper ops, and the (empty) Python module. Importing
-// custom_ops._C runs the static registrations of every backend file linked into it.
+// The schema, declared once, the internal helper ops, the environment switch reader, and the
+// (empty) Python module. Importing custom_ops._C runs the static registrations of every backend
+// file linked into it.
 #include <Python.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "cpu/kernel.h"
 #include "fused_gdn_decode.h"
+
+namespace custom_ops {
+
+bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) {
+    return false;
+  }
+  std::string v(value);
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  return v == "1" || v == "true" || v == "on" || v == "yes";
+}
+
+} // namespace custom_ops
 
 TORCH_LIBRARY(custom, m) {
   m.def(custom_ops::kFusedGdnDecodeSchema);
@@ -20,25 +38,27 @@ TORCH_LIBRARY(custom, m) {
 TORCH_LIBRARY(custom_ops_internal, m) {
   // The shared input check on real tensors of any device: devices, dtypes, shapes, strides,
   // finiteness of the floats. Reads no tensor data.
+  // (state_ref by value: GdnArgs holds the op's mutable reference; this op only reads it.)
   m.def("check_inputs(Tensor mixed_qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, "
         "Tensor state_ref, Tensor ssm_state_indices, float scale, float softplus_threshold) -> ()",
         [](const at::Tensor& mixed_qkv, const at::Tensor& a, const at::Tensor& b,
-           const at::Tensor& a_log, const at::Tensor& dt_bias, const at::Tensor& state_ref,
+           const at::Tensor& a_log, const at::Tensor& dt_bias, at::Tensor state_ref,
            const at::Tensor& ssm_state_indices, double scale, double softplus_threshold) {
-          custom_ops::check_fused_gdn_decode_inputs(mixed_qkv, a, b, a_log, dt_bias, state_ref,
-                                                    ssm_state_indices, scale, softplus_threshold);
+          custom_ops::check_fused_gdn_decode_inputs({mixed_qkv, a, b, a_log, dt_bias, state_ref,
+                                                     ssm_state_indices, scale,
+                                                     softplus_threshold});
         });
   // The input check and the out variant's check of out, for the Python backends' out overload.
   m.def("check_inputs_out(Tensor mixed_qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, "
         "Tensor state_ref, Tensor ssm_state_indices, float scale, float softplus_threshold, "
         "Tensor out) -> ()",
         [](const at::Tensor& mixed_qkv, const at::Tensor& a, const at::Tensor& b,
-           const at::Tensor& a_log, const at::Tensor& dt_bias, const at::Tensor& state_ref,
+           const at::Tensor& a_log, const at::Tensor& dt_bias, at::Tensor state_ref,
            const at::Tensor& ssm_state_indices, double scale, double softplus_threshold,
            const at::Tensor& out) {
           const auto d = custom_ops::check_fused_gdn_decode_inputs(
-              mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-              softplus_threshold);
+              {mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+               softplus_threshold});
           custom_ops::check_fused_gdn_decode_out(out, d, mixed_qkv, state_ref);
         });
   // The slot check with the CPU path's exact rules and messages. Takes CPU int32 indices.

@@ -14,6 +14,7 @@ import contextlib
 
 import torch
 
+from .ops import DEFAULT_SOFTPLUS_THRESHOLD, OpArgs
 from .reference import fused_gdn_decode_reference
 
 OP_NAME = "npu_fused_gdn_decode"
@@ -29,34 +30,31 @@ def profiler_scope(name: str):
     return contextlib.nullcontext()
 
 
-def fused_gdn_decode_checked_reference(mixed_qkv, a, b, a_log, dt_bias, state_ref,
-                                       ssm_state_indices, scale, softplus_threshold=20.0):
-    """The reference behind the op's input and slot checks: the kernel of devices without one."""
+def check_slots(args: OpArgs):
+    """The CPU path's slot check (range and uniqueness), on a host copy of the indices."""
+    torch.ops.custom_ops_internal.check_slot_indices(args.ssm_state_indices.cpu(),
+                                                     args.state_ref.shape[0])
+
+
+def fused_gdn_decode_checked_reference(*args, softplus_threshold=DEFAULT_SOFTPLUS_THRESHOLD):
+    """The reference behind the op's input and slot checks: the kernel of devices without one.
+    ``args``: the op's positional arguments (ops.ARG_NAMES)."""
+    args = OpArgs(*args, softplus_threshold)
     with profiler_scope(PROFILER_EVENT):
-        torch.ops.custom_ops_internal.check_inputs(
-            mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-            softplus_threshold)
-        torch.ops.custom_ops_internal.check_slot_indices(ssm_state_indices.cpu(),
-                                                         state_ref.shape[0])
-        return fused_gdn_decode_reference(
-            mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-            softplus_threshold=softplus_threshold)
+        torch.ops.custom_ops_internal.check_inputs(*args)
+        check_slots(args)
+        return args.call(fused_gdn_decode_reference)
 
 
-def fused_gdn_decode_out_checked_reference(mixed_qkv, a, b, a_log, dt_bias, state_ref,
-                                           ssm_state_indices, scale, softplus_threshold=20.0, *,
+def fused_gdn_decode_out_checked_reference(*args, softplus_threshold=DEFAULT_SOFTPLUS_THRESHOLD,
                                            out):
     """The out overload of devices without a kernel of their own: the reference, copied into
     out (out is checked with the inputs, before anything is written)."""
+    args = OpArgs(*args, softplus_threshold)
     with profiler_scope(PROFILER_EVENT):
-        torch.ops.custom_ops_internal.check_inputs_out(
-            mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-            softplus_threshold, out)
-        torch.ops.custom_ops_internal.check_slot_indices(ssm_state_indices.cpu(),
-                                                         state_ref.shape[0])
-        out.copy_(fused_gdn_decode_reference(
-            mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-            softplus_threshold=softplus_threshold))
+        torch.ops.custom_ops_internal.check_inputs_out(*args, out)
+        check_slots(args)
+        out.copy_(args.call(fused_gdn_decode_reference))
         return out
 
 

@@ -10,19 +10,19 @@ caller; the kernel never touches a slot outside [1, BlockNum) either way.
 
 import importlib.util
 import logging
-import os
 
 import torch
 
-from .composite import (OP_NAME, fused_gdn_decode_checked_reference,
+from ._env import env_flag
+from .composite import (OP_NAME, check_slots, fused_gdn_decode_checked_reference,
                         fused_gdn_decode_out_checked_reference, profiler_scope)
+from .ops import DEFAULT_SOFTPLUS_THRESHOLD, OpArgs
 
 log = logging.getLogger(__name__)
 
 PROFILER_EVENT = "custom_ops::npu_fused_gdn_decode_triton"
 
-_TRUE = ("1", "true", "on", "yes")
-_check_indices = os.environ.get("CUSTOM_OPS_CHECK_INDICES", "0").lower() in _TRUE
+_check_indices = env_flag("CUSTOM_OPS_CHECK_INDICES")
 
 
 def set_check_indices(enabled: bool) -> bool:
@@ -60,44 +60,35 @@ def _capturing(t):
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def fused_gdn_decode_cuda(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-                          softplus_threshold=20.0):
+def fused_gdn_decode_cuda(*args, softplus_threshold=DEFAULT_SOFTPLUS_THRESHOLD):
     """The Triton kernel behind the shared check: the CUDA kernel when triton is installed.
+    ``args``: the op's positional arguments (ops.ARG_NAMES).
 
     Also runs on CPU tensors under ``TRITON_INTERPRET=1`` (the tests call it that way).
     """
     launch = _load_triton()
     if launch is None:
-        return fused_gdn_decode_checked_reference(mixed_qkv, a, b, a_log, dt_bias, state_ref,
-                                                  ssm_state_indices, scale, softplus_threshold)
+        return fused_gdn_decode_checked_reference(*args, softplus_threshold=softplus_threshold)
+    args = OpArgs(*args, softplus_threshold)
     with profiler_scope(PROFILER_EVENT):
-        torch.ops.custom_ops_internal.check_inputs(
-            mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-            softplus_threshold)
-        if _check_indices and not _capturing(ssm_state_indices):
-            torch.ops.custom_ops_internal.check_slot_indices(ssm_state_indices.cpu(),
-                                                             state_ref.shape[0])
-        return launch(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-                      softplus_threshold)
+        torch.ops.custom_ops_internal.check_inputs(*args)
+        if _check_indices and not _capturing(args.ssm_state_indices):
+            check_slots(args)
+        return args.call(launch)
 
 
-def fused_gdn_decode_out_cuda(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices,
-                              scale, softplus_threshold=20.0, *, out):
+def fused_gdn_decode_out_cuda(*args, softplus_threshold=DEFAULT_SOFTPLUS_THRESHOLD, out):
     """The out overload: the Triton kernel writes straight into out."""
     launch = _load_triton()
     if launch is None:
         return fused_gdn_decode_out_checked_reference(
-            mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-            softplus_threshold, out=out)
+            *args, softplus_threshold=softplus_threshold, out=out)
+    args = OpArgs(*args, softplus_threshold)
     with profiler_scope(PROFILER_EVENT):
-        torch.ops.custom_ops_internal.check_inputs_out(
-            mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-            softplus_threshold, out)
-        if _check_indices and not _capturing(ssm_state_indices):
-            torch.ops.custom_ops_internal.check_slot_indices(ssm_state_indices.cpu(),
-                                                             state_ref.shape[0])
-        launch(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-               softplus_threshold, out=out)
+        torch.ops.custom_ops_internal.check_inputs_out(*args, out)
+        if _check_indices and not _capturing(args.ssm_state_indices):
+            check_slots(args)
+        args.call(launch, out=out)
         return out
 
 

@@ -1,6 +1,28 @@
-"""Typed Python entry point of the op."""
+"""Typed Python entry point of the op, and the op's argument names."""
+
+import collections
 
 import torch
+
+# The op's arguments in schema order (docs/spec.md, "Schema"); softplus_threshold is keyword-only
+# in the op. The Python backends take them as one OpArgs; the typed signatures of
+# fused_gdn_decode, fused_gdn_decode_reference and fused_gdn_decode_triton spell them out for
+# readers and are kept equal to this tuple by tests/test_signatures.py.
+ARG_NAMES = ("mixed_qkv", "a", "b", "a_log", "dt_bias", "state_ref", "ssm_state_indices", "scale",
+             "softplus_threshold")
+DEFAULT_SOFTPLUS_THRESHOLD = 20.0
+
+
+class OpArgs(collections.namedtuple("OpArgs", ARG_NAMES,
+                                    defaults=(DEFAULT_SOFTPLUS_THRESHOLD,))):
+    """One call's arguments by name; ``*args`` passes them positionally in schema order (as the
+    internal check ops take them)."""
+
+    __slots__ = ()
+
+    def call(self, fn, **kwargs):
+        """fn(the positional arguments, softplus_threshold=..., **kwargs): the op's own way."""
+        return fn(*self[:-1], softplus_threshold=self.softplus_threshold, **kwargs)
 
 
 def fused_gdn_decode(

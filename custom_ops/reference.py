@@ -12,6 +12,22 @@ import torch
 NORM_EPS = 1e-6
 
 
+def l2_norm(x: torch.Tensor) -> torch.Tensor:
+    """sqrt(sum(x^2) + eps) over the last dimension, keepdim (step 2: eps inside the root)."""
+    return torch.sqrt((x * x).sum(-1, keepdim=True) + NORM_EPS)
+
+
+def gates(a, b, a_log, dt_bias, softplus_threshold=20.0, compute_dtype=torch.float32):
+    """Step 3: (g, beta) of shape [B, Hv] in compute_dtype: g = -exp(a_log) * softplus(a +
+    dt_bias), with the softplus input clamped at softplus_threshold, and beta = sigmoid(b)."""
+    f = compute_dtype
+    xg = a.to(f) + dt_bias.to(f)
+    softplus = torch.maximum(xg, torch.log(1 + torch.exp(torch.clamp(xg, max=softplus_threshold))))
+    g = -torch.exp(a_log.to(f)) * softplus
+    beta = torch.sigmoid(b.to(f))
+    return g, beta
+
+
 def fused_gdn_decode_reference(
     mixed_qkv: torch.Tensor,
     a: torch.Tensor,
@@ -43,17 +59,14 @@ def fused_gdn_decode_reference(
     v = x[:, 2 * H * K :].reshape(B, Hv, V)
 
     # 2. L2-normalise q and k (eps inside the root); scale q.
-    q = scale * q / torch.sqrt((q * q).sum(-1, keepdim=True) + NORM_EPS)
-    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + NORM_EPS)
+    q = scale * q / l2_norm(q)
+    k = k / l2_norm(k)
     # Value head j reads key head j // (Hv / H).
     q = q.repeat_interleave(Hv // H, dim=1)  # [B, Hv, K]
     k = k.repeat_interleave(Hv // H, dim=1)
 
     # 3. Gates.
-    xg = a.to(f) + dt_bias.to(f)
-    softplus = torch.maximum(xg, torch.log(1 + torch.exp(torch.clamp(xg, max=softplus_threshold))))
-    g = -torch.exp(a_log.to(f)) * softplus  # [B, Hv]
-    beta = torch.sigmoid(b.to(f))
+    g, beta = gates(a, b, a_log, dt_bias, softplus_threshold, f)  # [B, Hv]
 
     # Only rows with a positive slot read or write state.
     valid = ssm_state_indices > 0

@@ -14,14 +14,15 @@ set any time before the first call (the tests rely on that).
 import contextlib
 import dataclasses
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from ._env import env_flag
+
 # A constexpr: the compiler refuses a plain module global inside @triton.jit (the interpreter
-# does not), so the plain float failed every compiled launch with a NameError.
+# accepts one), so a plain float would fail every compiled launch with a NameError.
 NORM_EPS = tl.constexpr(1e-6)
 
 
@@ -70,7 +71,8 @@ def _kernel_body(
     a_log = tl.load(a_log_ptr + j * stride_a_log).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + j * stride_dt_bias).to(tl.float32)
     x = a + dt_bias
-    # propagate_nan=ALL: the default returns the non-NaN operand and dropped a NaN in a/dt_bias.
+    # propagate_nan=ALL: the default returns the non-NaN operand, which would drop a NaN in
+    # a/dt_bias.
     sp = tl.log(1.0 + tl.exp(tl.minimum(x, softplus_threshold, propagate_nan=tl.PropagateNan.ALL)))
     softplus = tl.maximum(x, sp, propagate_nan=tl.PropagateNan.ALL)
     decay = tl.exp(-tl.exp(a_log) * softplus)
@@ -92,8 +94,8 @@ def _kernel_body(
     u = tl.sum(s * k[None, :], axis=1)
     delta = beta * (v - u)
     s = s + delta[:, None] * k[None, :]
-    # The padded K lanes (K < BK) hold k = 0: an infinite delta made them inf * 0 = NaN, which
-    # then reached out. Zero them, as the reference has no such lanes.
+    # The padded K lanes (K < BK) hold k = 0, so an infinite delta makes them inf * 0 = NaN, which
+    # would reach out. Zeroed: the reference has no such lanes.
     s = tl.where(mask_k[None, :], s, 0.0)
 
     # Output from the updated fp32 state (step 5); zeros for invalid rows.
@@ -124,7 +126,7 @@ def _interpret_mode() -> bool:
     knobs = getattr(triton, "knobs", None)
     if knobs is not None:
         return bool(knobs.runtime.interpret)
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    return env_flag("TRITON_INTERPRET")
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,10 +143,6 @@ class TileConfig:
     num_warps: int
 
 
-# Per-(K, V, state dtype) overrides measured on hardware (benchmarks/gpu_check.py --sweep prints
-# candidates). Empty until a GPU session fills it; the rule below applies meanwhile.
-TUNED_TILES: dict = {}
-
 # Rule: about 8 KiB of state per program (2048 fp32 or 4096 16-bit elements), i.e. 32 fp32
 # registers per thread for the tile, enough bytes in flight per SM without spilling.
 _TILE_BYTES = 8192
@@ -154,9 +152,6 @@ _ELEMS_PER_THREAD = 32
 @functools.lru_cache(maxsize=None)
 def tile_config(K: int, V: int, state_dtype: torch.dtype) -> TileConfig:
     """Tile sizes for one (K, V, state dtype); cached, so no tuning on the decode hot path."""
-    key = (K, V, state_dtype)
-    if key in TUNED_TILES:
-        return TUNED_TILES[key]
     bk = triton.next_power_of_2(K)
     elem_bytes = torch.empty((), dtype=state_dtype).element_size()
     budget = max(1, _TILE_BYTES // elem_bytes)

@@ -1,11 +1,12 @@
-"""The CUDA benchmark's slot rotation (benchmarks/cuda.py), which needs no GPU to check: disjoint
+"""The benchmarks' slot rotation (benchmarks/_harness.py), which needs no GPU to check: disjoint
 sets of B valid slots, enough of them that at least 4x the L2 size of other state is read and
 written between two calls on one set."""
 
 import pytest
 import torch
 
-from benchmarks import cuda as bench
+from benchmarks import _harness as bench
+from benchmarks import gpu
 
 
 @pytest.mark.parametrize("B,slot_bytes,l2_bytes", [
@@ -21,6 +22,6 @@ def test_rotation_keeps_each_call_cold(B, slot_bytes, l2_bytes):
     idx = bench.slot_sets(B, sets)
     assert len(idx) == sets and all(t.shape == (B,) and t.dtype == torch.int32 for t in idx)
     every = torch.cat(idx)
-    pool = bench.decode_case(B, 1, 1, 64, 8, sets=sets).pool
+    pool = gpu.decode_case(B, 1, 1, 64, 8, sets=sets).pool
     assert every.unique().numel() == sets * B  # disjoint, no repeat within a call
     assert every.min() >= 1 and every.max() < pool  # valid slots of the benchmark's pool

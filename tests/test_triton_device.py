@@ -1,14 +1,21 @@
-"""The Triton launcher launches on the device of its tensors, not on the current one.
+"""The Triton launcher launches on the device of its tensors, not on the current one; and, on a
+CUDA host, the CUDA path's checks.
 
-Triton launches on the current CUDA device and its current stream. This machine has no GPU, so
-two labelled test doubles stand in: FakeTensorMode tensors on cuda:1 (shapes, dtypes and devices
-without memory), and a fake of the CUDA runtime's current device (``torch.cuda.device`` and
+Triton launches on the current CUDA device and its current stream. Without a GPU, two labelled
+test doubles stand in: FakeTensorMode tensors on cuda:1 (shapes, dtypes and devices without
+memory), and a fake of the CUDA runtime's current device (``torch.cuda.device`` and
 ``torch.cuda.current_device``) with cuda:0 current. The jitted kernel is replaced by a recorder of
-the current device at launch. What a real second GPU does is checked by benchmarks/gpu_check.py
-("multi-gpu-device-guard") on a host with two.
+the current device at launch.
+
+The tests after them need a CUDA device (skipped without one; ``python -m pytest
+tests/test_triton_device.py`` on a GPU host). What a real second GPU does is checked by
+test_multi_gpu_device_guard on a host with two. The NaN/Inf cases of the compiled kernel are
+tests/test_triton_interpret.py's, parametrized on a CUDA device there.
 """
 
 import contextlib
+import dataclasses
+import importlib.util
 
 import pytest
 import torch
@@ -86,3 +93,199 @@ def test_cpu_tensors_enter_no_cuda_device(monkeypatch):
         torch.empty(Hv), torch.empty(Hv, dtype=torch.bfloat16), torch.empty(2, Hv, V, K),
         torch.ones(B, dtype=torch.int32), K**-0.5)
     assert kernel.launched_on == ["none"]
+
+
+# ---- On a CUDA device ---------------------------------------------------------------------------
+
+from triton_mode import compiled_triton  # noqa: E402,F401  (a fixture)
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def cuda_test(fn):
+    """A test on a CUDA device, of the compiled kernel; skipped without one."""
+    return requires_cuda(pytest.mark.usefixtures("compiled_triton")(fn))
+
+OP = torch.ops.custom.npu_fused_gdn_decode
+
+
+@pytest.fixture
+def no_tf32():
+    """The reference's einsum must not use TF32, or it, not the kernel, is the inaccurate side."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _device_cases():
+    from custom_ops.testing import DTYPE_PAIRS, Case
+
+    cases = []
+    for d, s in DTYPE_PAIRS:
+        for ratio in (1, 2, 3, 4):
+            H = 4 if ratio < 3 else 2
+            cases.append(Case(B=33, H=H, Hv=H * ratio, K=128, V=128, dtype=d, state_dtype=s,
+                              pool=80, invalid_rows=(0, 32), seed=ratio))
+    for K, V, s in [(136, 48, torch.float32), (136, 8, torch.bfloat16), (64, 8, torch.float32),
+                    (2032, 16, torch.float32), (2032, 16, torch.bfloat16),
+                    (256, 256, torch.float32)]:
+        cases.append(Case(B=5, H=1, Hv=2, K=K, V=V, state_dtype=s, invalid_rows=(2,), seed=K))
+    for s in (torch.float32, torch.bfloat16):
+        cases.append(Case(B=256, H=16, Hv=32, K=128, V=128, state_dtype=s, pool=300))
+    return cases
+
+
+@cuda_test
+def test_cuda_registration():
+    from custom_ops import cuda as cuda_backend
+
+    assert cuda_backend.KERNEL is cuda_backend.fused_gdn_decode_cuda
+    assert cuda_backend._load_triton() is not None, "triton kernel module failed to import"
+
+
+@cuda_test
+@pytest.mark.parametrize("case", _device_cases(), ids=lambda c: c.id())
+def test_matches_reference_on_cuda(no_tf32, case):
+    from custom_ops.testing import check_against_reference, make_inputs
+
+    check_against_reference(make_inputs(case, device="cuda"), steps=3, fn=OP)
+
+
+@cuda_test
+def test_non_contiguous_inputs_on_cuda(no_tf32):
+    from custom_ops.testing import Case, check_against_reference, make_inputs
+
+    x = make_inputs(Case(B=9, H=2, Hv=4, K=128, V=64, invalid_rows=(3,), layout="strided"),
+                    device="cuda")
+    check_against_reference(x, steps=2, fn=OP)
+
+
+@cuda_test
+def test_checked_reference_on_cuda(no_tf32):
+    from custom_ops import composite
+    from custom_ops.testing import Case, check_against_reference, make_inputs
+
+    x = make_inputs(Case(B=7, H=2, Hv=4, K=128, V=64, invalid_rows=(1,)), device="cuda")
+    check_against_reference(x, steps=2, fn=composite.fused_gdn_decode_checked_reference)
+
+
+@cuda_test
+def test_input_check_and_debug_index_switch_on_cuda():
+    from custom_ops import cuda as cuda_backend
+    from custom_ops.testing import Case, call, clone_inputs, make_inputs
+
+    x = make_inputs(Case(B=3, H=1, Hv=2, K=128, V=64), device="cuda")
+    with pytest.raises(TypeError):
+        call(OP, dict(x, a_log=x["a_log"].half()))
+    with pytest.raises(ValueError, match="all tensors must be on one device"):
+        call(OP, dict(x, b=x["b"].cpu()))
+    pool = x["state_ref"].shape[0]
+    bad = dict(x, ssm_state_indices=torch.tensor([1, pool, 2], dtype=torch.int32, device="cuda"))
+    old = cuda_backend.set_check_indices(True)
+    try:
+        with pytest.raises(ValueError, match="out of range"):
+            call(OP, bad)
+    finally:
+        cuda_backend.set_check_indices(old)
+    # Switch off: no error, and no access outside the pool: the out-of-range row reads and
+    # writes nothing (zero output), the two valid rows update only their own slots.
+    cuda_backend.set_check_indices(False)
+    try:
+        ours = clone_inputs(bad)
+        before = ours["state_ref"].clone()
+        out = call(OP, ours)
+    finally:
+        cuda_backend.set_check_indices(old)
+    assert torch.count_nonzero(out[1]) == 0
+    untouched = [s for s in range(pool) if s not in (1, 2)]
+    assert torch.equal(ours["state_ref"][untouched], before[untouched])
+
+
+@cuda_test
+def test_cuda_graph_decode_loop_equals_eager():
+    from custom_ops import cuda as cuda_backend
+    from custom_ops.testing import Case, call, make_inputs
+
+    steps = 8
+    c = Case(B=48, H=4, Hv=8, K=128, V=128, pool=100, invalid_rows=(7,))
+    x = make_inputs(c, device="cuda")
+    qkvs = [make_inputs(dataclasses.replace(c, seed=1 + t), device="cuda",
+                        state_ref=x["state_ref"])["mixed_qkv"] for t in range(steps)]
+    eager_state = x["state_ref"].clone()
+    graph_state = x["state_ref"].clone()
+    eager_outs = [call(OP, dict(x, mixed_qkv=qkvs[t], state_ref=eager_state))
+                  for t in range(steps)]
+    # The debug switch must not sync (and so break) a capture: it is skipped while capturing.
+    old = cuda_backend.set_check_indices(True)
+    try:
+        warm = graph_state.clone()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call(OP, dict(x, mixed_qkv=qkvs[0], state_ref=warm))
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            graph_outs = [call(OP, dict(x, mixed_qkv=qkvs[t], state_ref=graph_state))
+                          for t in range(steps)]
+    finally:
+        cuda_backend.set_check_indices(old)
+    graph_state.copy_(x["state_ref"])  # capture does not run the kernels; start from scratch
+    graph.replay()
+    torch.cuda.synchronize()
+    for t in range(steps):
+        assert torch.equal(graph_outs[t], eager_outs[t]), f"out differs at step {t}"
+    assert torch.equal(graph_state, eager_state), "state differs"
+
+
+@cuda_test
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_multi_gpu_device_guard(no_tf32):
+    from custom_ops.testing import Case, check_against_reference, make_inputs
+
+    with torch.cuda.device(0):
+        x = make_inputs(Case(B=9, H=2, Hv=4, K=128, V=64, invalid_rows=(3,)), device="cuda:1")
+        check_against_reference(x, steps=2, fn=OP)
+        assert torch.cuda.current_device() == 0, "the launch changed the current device"
+
+
+def _step(qkv, a, b, a_log, dt_bias, state, idx, scale):
+    out = OP(qkv, a, b, a_log, dt_bias, state, idx, scale)
+    return out.float().square().sum(-1)  # some surrounding ops for the compiler to fuse
+
+
+@cuda_test
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_compiled_equals_eager_on_cuda(mode):
+    from custom_ops.testing import Case, call, clone_inputs, make_inputs
+
+    x = make_inputs(Case(B=16, H=4, Hv=8, K=128, V=128, pool=40, invalid_rows=(2,)),
+                    device="cuda")
+    fn = torch.compile(_step, fullgraph=True, mode=mode)
+    eager, comp = clone_inputs(x), clone_inputs(x)
+    for t in range(3):
+        r_e = call(_step, eager)
+        r_c = call(fn, comp)
+        torch.testing.assert_close(r_c, r_e, atol=1e-4, rtol=1e-4)
+        assert torch.equal(comp["state_ref"], eager["state_ref"]), f"state differs, step {t}"
+
+
+@cuda_test
+@pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="fla not installed")
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fla_agrees_with_reference(no_tf32, state_dtype):
+    """So that the benchmark's FLA timing is of the same step."""
+    from benchmarks import gpu
+    from custom_ops import fused_gdn_decode_reference
+    from custom_ops.testing import TOLERANCES, call, clone_inputs, make_inputs
+
+    x = make_inputs(gpu.decode_case(8, 4, 8, 128, 128, state_dtype=state_dtype), device="cuda")
+    fn, note = gpu._fla_call(x, 4, 8, 128, 128)
+    if fn is None:
+        pytest.skip(note)
+    o, _ = fn()
+    ref = call(fused_gdn_decode_reference, clone_inputs(x))
+    err = (o.reshape(ref.shape).float() - ref.float()).abs().max().item()
+    atol, _ = TOLERANCES[ref.dtype]
+    assert err <= 4 * atol, f"max |fla - ref| = {err:.3g} ({note})"

@@ -28,6 +28,8 @@ from custom_ops.testing import (  # noqa: E402
     with_value_at,
 )
 
+from triton_mode import compiled_triton  # noqa: E402,F401  (a fixture)
+
 OVERLOAD = torch.ops.custom.npu_fused_gdn_decode.default
 CUDA_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
@@ -162,14 +164,22 @@ NONFINITE = [float("nan"), float("inf"), float("-inf")]
 @pytest.mark.parametrize("value", NONFINITE, ids=str)
 @pytest.mark.parametrize("place", VALUE_PLACES)
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=short)
-def test_nan_and_inf_like_the_reference(state_dtype, place, value):
+@pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="needs a CUDA device")),
+], ids=["interpreter", "compiled"])
+def test_nan_and_inf_like_the_reference(request, device, state_dtype, place, value):
     # NaN and +-Inf in out and in the whole state exactly where the reference has them (the
     # finite rest within tolerance). K = 136 leaves 120 padded lanes in the kernel's 256-wide
     # rows. q = k makes every term of out = S q the same sign, so an Inf reaching out stays an Inf
-    # in the reference instead of turning into NaN by cancellation.
+    # in the reference instead of turning into NaN by cancellation. On a CUDA host the compiled
+    # kernel runs the same cases (its exp/log/min/max are not numpy's).
+    if device == "cuda":
+        request.getfixturevalue("compiled_triton")
     H, K = 1, 136
     x = make_inputs(Case(B=2, H=H, Hv=2, K=K, V=16, state_dtype=state_dtype,
-                         dtype=torch.bfloat16, seed=11))
+                         dtype=torch.bfloat16, seed=11), device=device)
     x["mixed_qkv"][:, :H * K] = x["mixed_qkv"][:, H * K:2 * H * K]
     y = with_value_at(x, place, value)
     ours, ref = clone_inputs(y), clone_inputs(y)

@@ -4,7 +4,6 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/Version.h>
 #include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -185,24 +184,16 @@ bool set_k_specialization(bool enabled) {
 
 namespace {
 
-// Both overloads: `out` is null for the default one (allocated here after the checks).
-at::Tensor run_op(
-    const at::Tensor& mixed_qkv,
-    const at::Tensor& a,
-    const at::Tensor& b,
-    const at::Tensor& a_log,
-    const at::Tensor& dt_bias,
-    at::Tensor& state_ref,
-    const at::Tensor& ssm_state_indices,
-    double scale,
-    double softplus_threshold,
-    const at::Tensor* out_arg) {
+// Both overloads (GdnKernel): `out_arg` is null for the default one (allocated here after the
+// checks).
+at::Tensor run_op(const GdnArgs& args, at::Tensor* out_arg) {
+  const auto& [mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+               softplus_threshold] = args;
   const Variant& variant = kVariants[current_isa()];
   // Under torch.profiler: a child of the dispatcher's custom::npu_fused_gdn_decode event that
   // names the backend and the kernel variant that ran.
   RECORD_FUNCTION(variant.event, c10::ArrayRef<const c10::IValue>{});
-  const GdnDims d = check_fused_gdn_decode_inputs(
-      mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale, softplus_threshold);
+  const GdnDims d = check_fused_gdn_decode_inputs(args);
   const int64_t B = d.batch.expect_int(), Hv = d.num_v_heads.expect_int();
   const int64_t V = d.head_v.expect_int();
   if (out_arg != nullptr) {
@@ -256,39 +247,8 @@ at::Tensor run_op(
 
 } // namespace
 
-at::Tensor npu_fused_gdn_decode_cpu(
-    const at::Tensor& mixed_qkv,
-    const at::Tensor& a,
-    const at::Tensor& b,
-    const at::Tensor& a_log,
-    const at::Tensor& dt_bias,
-    at::Tensor& state_ref,
-    const at::Tensor& ssm_state_indices,
-    double scale,
-    double softplus_threshold) {
-  return run_op(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-                softplus_threshold, nullptr);
-}
-
-at::Tensor& npu_fused_gdn_decode_out_cpu(
-    const at::Tensor& mixed_qkv,
-    const at::Tensor& a,
-    const at::Tensor& b,
-    const at::Tensor& a_log,
-    const at::Tensor& dt_bias,
-    at::Tensor& state_ref,
-    const at::Tensor& ssm_state_indices,
-    double scale,
-    double softplus_threshold,
-    at::Tensor& out) {
-  run_op(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-         softplus_threshold, &out);
-  return out;
-}
-
 } // namespace custom_ops::cpu
 
 TORCH_LIBRARY_IMPL(custom, CPU, m) {
-  m.impl("npu_fused_gdn_decode", &custom_ops::cpu::npu_fused_gdn_decode_cpu);
-  m.impl("npu_fused_gdn_decode.out", &custom_ops::cpu::npu_fused_gdn_decode_out_cpu);
+  custom_ops::impl_fused_gdn_decode<&custom_ops::cpu::run_op>(m);
 }

@@ -1,6 +1,5 @@
 // NPU (PrivateUse1) implementation of custom::npu_fused_gdn_decode: the shared input check, then
 // CANN's two-phase aclnnFusedGdnDecode, bound at run time (vendor_loader.cpp).
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
@@ -17,8 +16,6 @@
 
 namespace custom_ops::npu {
 namespace {
-
-constexpr const char* kOp = "npu_fused_gdn_decode: ";
 
 aclDataType acl_dtype(at::ScalarType t) {
   switch (t) {
@@ -158,28 +155,16 @@ void check_storage_format(const at::Tensor& t, const char* name) {
       "torch_npu.npu_format_cast(", name, ", 2) (ND) before the call");
 }
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && (std::string(v) == "1" || std::string(v) == "true");
-}
-
 } // namespace
 
-at::Tensor run_npu(
-    const at::Tensor& mixed_qkv,
-    const at::Tensor& a,
-    const at::Tensor& b,
-    const at::Tensor& a_log,
-    const at::Tensor& dt_bias,
-    at::Tensor& state_ref,
-    const at::Tensor& ssm_state_indices,
-    double scale,
-    double softplus_threshold,
-    const at::Tensor* out_arg) {
+// Both overloads (GdnKernel): `out_arg` is null for the default one (allocated here after the
+// checks).
+at::Tensor run_npu(const GdnArgs& args, at::Tensor* out_arg) {
+  const auto& [mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
+               softplus_threshold] = args;
   // Names this backend under torch.profiler (a child of the dispatcher's op event).
   RECORD_FUNCTION("custom_ops::npu_fused_gdn_decode_npu", c10::ArrayRef<const c10::IValue>{});
-  const GdnDims d = check_fused_gdn_decode_inputs(
-      mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale, softplus_threshold);
+  const GdnDims d = check_fused_gdn_decode_inputs(args);
   const std::pair<const at::Tensor*, const char*> tensors_in[] = {
       {&mixed_qkv, "mixed_qkv"}, {&a, "a"}, {&b, "b"}, {&a_log, "a_log"}, {&dt_bias, "dt_bias"},
       {&state_ref, "state_ref"}, {&ssm_state_indices, "ssm_state_indices"}};
@@ -202,7 +187,7 @@ at::Tensor run_npu(
   const VendorApi& api = *api_ref;
   const c10::DeviceGuard device_guard(mixed_qkv.device());
   const aclrtStream stream = current_acl_stream(mixed_qkv.device());
-  // The vendor kernel does not check slots (SPEC.md); this debug switch does, at the cost of a
+  // The vendor kernel does not check slots (docs/spec.md, "Validation"); this debug switch does, at the cost of a
   // device-to-host copy, which a stream being captured into an ACL graph cannot make.
   if (env_flag("CUSTOM_OPS_NPU_CHECK_INDICES")) {
     TORCH_CHECK(!stream_is_capturing(api, stream), kOp, "CUSTOM_OPS_NPU_CHECK_INDICES=1 copies "
@@ -257,41 +242,10 @@ at::Tensor run_npu(
   return out;
 }
 
-at::Tensor npu_fused_gdn_decode_npu(
-    const at::Tensor& mixed_qkv,
-    const at::Tensor& a,
-    const at::Tensor& b,
-    const at::Tensor& a_log,
-    const at::Tensor& dt_bias,
-    at::Tensor& state_ref,
-    const at::Tensor& ssm_state_indices,
-    double scale,
-    double softplus_threshold) {
-  return run_npu(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-                 softplus_threshold, nullptr);
-}
-
-at::Tensor& npu_fused_gdn_decode_out_npu(
-    const at::Tensor& mixed_qkv,
-    const at::Tensor& a,
-    const at::Tensor& b,
-    const at::Tensor& a_log,
-    const at::Tensor& dt_bias,
-    at::Tensor& state_ref,
-    const at::Tensor& ssm_state_indices,
-    double scale,
-    double softplus_threshold,
-    at::Tensor& out) {
-  run_npu(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-          softplus_threshold, &out);
-  return out;
-}
-
 } // namespace custom_ops::npu
 
 TORCH_LIBRARY_IMPL(custom, PrivateUse1, m) {
-  m.impl("npu_fused_gdn_decode", &custom_ops::npu::npu_fused_gdn_decode_npu);
-  m.impl("npu_fused_gdn_decode.out", &custom_ops::npu::npu_fused_gdn_decode_out_npu);
+  custom_ops::impl_fused_gdn_decode<&custom_ops::npu::run_npu>(m);
 }
 
 // Diagnostics of the NPU binding, kept out of the `custom` namespace (which torch_npu users may

@@ -19,10 +19,11 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include "fused_gdn_decode.h"
+
 namespace custom_ops::npu {
 namespace {
 
-constexpr const char* kOp = "npu_fused_gdn_decode: ";
 constexpr const char* kGetWorkspaceSize = "aclnnFusedGdnDecodeGetWorkspaceSize";
 constexpr const char* kLaunch = "aclnnFusedGdnDecode";
 constexpr const char* kCustLib = "libcust_opapi.so";
@@ -52,7 +53,8 @@ struct Candidate {
   std::string origin;  // how it was found (or, for a note, why a place gave no candidate)
 };
 
-// The search order of SPEC.md / op-plugin's GetOpApiFuncAddr. Places that yield no candidate at
+// The search order of docs/spec.md ("The vendor pieces (NPU path)") / op-plugin's
+// GetOpApiFuncAddr. Places that yield no candidate at
 // all (unset variables, unreadable config.ini) appear as notes, in order, for the error message.
 std::vector<Candidate> candidates() {
   std::vector<Candidate> out;

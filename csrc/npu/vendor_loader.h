@@ -34,8 +34,9 @@ struct VendorApi {
   aclmdlRICaptureGetInfoFn capture_info = nullptr;
 };
 
-// The vendor API, searched for at first use (SPEC.md order): each ASCEND_CUSTOM_OPP_PATH entry's
-// op_api/lib/libcust_opapi.so, then $ASCEND_OPP_PATH/vendors/<name>/op_api/lib/libcust_opapi.so in
+// The vendor API, searched for at first use, in the order of docs/spec.md ("The vendor pieces
+// (NPU path)") and docs/npu.md ("How the binding finds the vendor pieces"): each
+// ASCEND_CUSTOM_OPP_PATH entry's op_api/lib/libcust_opapi.so, then $ASCEND_OPP_PATH/vendors/<name>/op_api/lib/libcust_opapi.so in
 // vendors/config.ini load_priority order, then the built-in libopapi libraries. Throws a
 // RuntimeError listing every place searched and why each was skipped.
 std::shared_ptr<const VendorApi> vendor_api();
@@ -61,7 +62,8 @@ bool stream_is_capturing(const VendorApi& api, aclrtStream stream);
 std::vector<std::string> torch_npu_symbols();
 
 // One line per resolved piece (libraries, stream provider), or the search error. For
-// torch.ops.custom_ops_npu.vendor_info() and the README's verification step.
+// torch.ops.custom_ops_npu.vendor_info() and the verification step of docs/npu.md ("Verify on the
+// Ascend host").
 std::string describe_vendor();
 
 } // namespace custom_ops::npu

@@ -2,7 +2,9 @@
 reference, and a device-to-device copy of the same state bytes (the bandwidth ceiling).
 
 ``bench_cuda(...)`` returns rows (dicts); ``format_table(rows)`` prints them. ``python -m benchmarks
---device cuda`` calls these; ``benchmarks/gpu_check.py`` runs them after its checks.
+--device cuda`` calls these. ``python -m benchmarks.gpu [--quick] [--no-sweep]`` prints the table
+for Qwen3-Next, the target verdicts and a tile sweep (the CUDA path's checks are
+tests/test_triton_device.py, under pytest).
 
 Timing: each method's calls are captured in one CUDA graph and the graph replayed, so the numbers
 are device time without Python launch cost (the compiled reference syncs on its boolean-mask
@@ -14,13 +16,17 @@ least 4x the L2 size of other state is read and written before a set comes round
 ceiling and FLA rotate the same way over buffers of the same bytes.
 """
 
+import argparse
 import inspect
 import math
 
 import torch
 
 from custom_ops import fused_gdn_decode_reference
+from custom_ops.reference import gates, l2_norm
 from custom_ops.testing import Case, call, make_inputs
+
+from ._harness import moved_bytes, rotation_sets, slot_bytes, slot_sets, time_eager, time_graph
 
 # (name, H, Hv, K, V): Qwen3-Next-80B-A3B and its TP=2 shard, Qwen3.5-397B-A17B (docs/spec.md).
 SHAPES = {
@@ -30,75 +36,11 @@ SHAPES = {
 }
 
 
-# Bytes of other state read and written between two calls on one slot set, in L2 sizes.
-REUSE_L2 = 4
-
-
 def decode_case(B, H, Hv, K, V, dtype=torch.bfloat16, state_dtype=torch.float32, sets=2):
     """The benchmarked call: mixed_qkv, a and b column views of one projection; a pool of
     sets * B + 1 slots (slot_sets splits it into the rotated sets)."""
     return Case(B=B, H=H, Hv=Hv, K=K, V=V, dtype=dtype, state_dtype=state_dtype,
                 pool=sets * B + 1, layout="projection")
-
-
-def rotation_sets(B, slot_bytes, l2_bytes, reuse=REUSE_L2):
-    """Disjoint sets of B slots to rotate over so that between two calls on one set the other
-    calls read and write at least ``reuse`` x ``l2_bytes`` of state: (sets - 1) * B * slot_bytes
-    >= reuse * l2_bytes. Each timed call then finds its slots cold in L2."""
-    return 1 + max(1, math.ceil(reuse * l2_bytes / (B * slot_bytes)))
-
-
-def slot_sets(B, sets, seed=0, device="cpu"):
-    """``sets`` disjoint int32 index tensors of B distinct slots each, drawn from [1, sets*B]."""
-    g = torch.Generator().manual_seed(seed)
-    perm = (torch.randperm(sets * B, generator=g) + 1).to(torch.int32)
-    return [perm[i * B:(i + 1) * B].to(device) for i in range(sets)]
-
-
-def _cycle(fns):
-    return list(fns) if isinstance(fns, (list, tuple)) else [fns]
-
-
-def time_graph(fns, inner=20, reps=20, warmup=3):
-    """Microseconds per call from CUDA-graph replays: the graph holds ``inner`` calls (at least
-    one per function) that cycle through ``fns`` (a callable or a list of them, no arguments)."""
-    fns = _cycle(fns)
-    n = len(fns) * math.ceil(inner / len(fns))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for t in range(warmup):
-            fns[t % len(fns)]()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for t in range(n):
-            fns[t % len(fns)]()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (reps * n)
-
-
-def time_eager(fns, iters=50, warmup=5):
-    """Microseconds per call launched from Python (launch overhead included), cycling through
-    ``fns`` (a callable or a list of them)."""
-    fns = _cycle(fns)
-    for t in range(warmup):
-        fns[t % len(fns)]()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for t in range(iters):
-        fns[t % len(fns)]()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
 
 
 def _fla_call(x, H, Hv, K, V):
@@ -127,22 +69,20 @@ def _fla_call(x, H, Hv, K, V):
         kw["use_qk_l2norm_in_kernel"] = True
         notes.append("l2norm in kernel")
     else:
-        q = torch.nn.functional.normalize(q.float(), dim=-1, eps=1e-6).to(q.dtype)
-        k = torch.nn.functional.normalize(k.float(), dim=-1, eps=1e-6).to(k.dtype)
+        q = (q.float() / l2_norm(q.float())).to(q.dtype)
+        k = (k.float() / l2_norm(k.float())).to(k.dtype)
         notes.append("l2norm outside")
     if {"use_gate_in_kernel", "A_log", "dt_bias"} <= params:
         kw.update(g=a, A_log=x["a_log"], dt_bias=x["dt_bias"], use_gate_in_kernel=True)
         notes.append("gate in kernel")
     else:
-        xg = a.float() + x["dt_bias"].float()
-        sp = torch.maximum(xg, torch.log1p(torch.exp(torch.clamp(xg, max=20.0))))
-        kw["g"] = -torch.exp(x["a_log"].float()) * sp
+        kw["g"] = gates(a, b, x["a_log"], x["dt_bias"])[0]  # the op's default threshold
         notes.append("gate outside")
     if "use_beta_sigmoid_in_kernel" in params:
         kw.update(beta=b, use_beta_sigmoid_in_kernel=True)
         notes.append("beta in kernel")
     else:
-        kw["beta"] = torch.sigmoid(b.float()).to(b.dtype)
+        kw["beta"] = gates(a, b, x["a_log"], x["dt_bias"])[1].to(b.dtype)
         notes.append("beta outside")
     state = x["state_ref"][x["ssm_state_indices"].long()]  # [B, Hv, V, K], state dtype
     if "transpose_state_layout" in params:
@@ -178,14 +118,14 @@ def bench_cuda(batch_sizes=(1, 16, 64, 128, 256), shapes=("qwen3-next",),
         name = shape if isinstance(shape, str) else f"H{H}-Hv{Hv}-K{K}-V{V}"
         for sdt in state_dtypes:
             sname = str(sdt).replace("torch.", "")
-            slot_bytes = Hv * V * K * torch.empty((), dtype=sdt).element_size()
+            slot_nbytes = slot_bytes(Hv, V, K, sdt)
             for B in batch_sizes:
-                sets = rotation_sets(B, slot_bytes, l2)
+                sets = rotation_sets(B, slot_nbytes, l2)
                 x = make_inputs(decode_case(B, H, Hv, K, V, dtype, sdt, sets), device="cuda")
                 xs = [dict(x, ssm_state_indices=idx)
                       for idx in slot_sets(B, sets, seed=B, device="cuda")]
-                state_bytes = B * slot_bytes
-                moved = 2 * state_bytes
+                state_bytes = B * slot_nbytes
+                moved = moved_bytes(B, Hv, V, K, sdt)
 
                 def row(method, us, timing, note=""):
                     r = dict(shape=name, B=B, state=sname, method=method, us=us,
@@ -259,14 +199,14 @@ def sweep_tiles(B=64, shape="qwen3-next", state_dtype=torch.float32, dtype=torch
                 bvs=(1, 2, 4, 8, 16, 32, 64, 128), warps=(1, 2, 4, 8), inner=20, reps=10):
     """Times the kernel for each (BV, num_warps); returns [(us, TileConfig)], fastest first.
 
-    The winners go into ``custom_ops.triton_kernel.TUNED_TILES`` (a fixed table: nothing is tuned
-    at call time).
+    A winner that beats ``tile_config``'s rule is a candidate for changing the rule (nothing is
+    tuned at call time).
     """
     from custom_ops import triton_kernel as tk
 
     H, Hv, K, V = SHAPES[shape] if isinstance(shape, str) else shape
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    sets = rotation_sets(B, Hv * V * K * torch.empty((), dtype=state_dtype).element_size(), l2)
+    sets = rotation_sets(B, slot_bytes(Hv, V, K, state_dtype), l2)
     x = make_inputs(decode_case(B, H, Hv, K, V, dtype, state_dtype, sets), device="cuda")
     xs = [dict(x, ssm_state_indices=idx) for idx in slot_sets(B, sets, seed=B, device="cuda")]
     bk = 1 << (K - 1).bit_length()
@@ -287,3 +227,54 @@ def sweep_tiles(B=64, shape="qwen3-next", state_dtype=torch.float32, dtype=torch
             results.append((us, cfg))
     results.sort(key=lambda t: t[0])
     return results
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu",
+        description="CUDA benchmark of the decode step (Qwen3-Next): the table, the target "
+                    "verdicts and a tile sweep.")
+    p.add_argument("--quick", action="store_true", help="fewer batch sizes")
+    p.add_argument("--no-sweep", action="store_true", help="skip the tile sweep")
+    args = p.parse_args(argv)
+    from custom_ops import triton_kernel as tk
+    from custom_ops.testing import short
+
+    # The reference's einsum must not use TF32, or it, not the kernel, is the inaccurate side.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    import triton
+    print(f"torch {torch.__version__}, triton {triton.__version__}, "
+          f"device {torch.cuda.get_device_name()}", flush=True)
+    batch = (1, 64, 256) if args.quick else (1, 16, 64, 128, 256)
+    print("\n== bench (device time per call from CUDA-graph replays) ==", flush=True)
+    rows = bench_cuda(batch_sizes=batch, shapes=("qwen3-next",))
+    print("\n" + format_table(rows), flush=True)
+    print("\n== target: qwen3-next, fp32 and bf16 state, B >= 64: "
+          "ours >= 85% of copy, faster than fla (ratios from this run) ==")
+    by = {(r["state"], r["B"], r["method"]): r for r in rows}
+    for state in ("float32", "bfloat16"):
+        for B in [b for b in batch if b >= 64]:
+            ours = by[(state, B, "ours")]
+            pct, vs = ours["pct_copy"], ours["vs_fla"]
+            if math.isnan(vs):
+                verdict = "UNDECIDED (fla n/a)" if pct >= 85 else "NOT MET"
+            else:
+                verdict = "MET" if pct >= 85 and vs > 1 else "NOT MET"
+            print(f"TARGET {verdict} {state} B={B}: ours {ours['us']:.1f} us, "
+                  f"{pct:.0f}% of copy, {vs:.2f}x fla's speed", flush=True)
+    if args.no_sweep:
+        return
+    print("\n== tile sweep (qwen3-next; top 5 per case; current rule's pick marked *) ==")
+    for sdt in (torch.float32, torch.bfloat16):
+        for B in ((64,) if args.quick else (64, 256)):
+            res = sweep_tiles(B=B, state_dtype=sdt)
+            cur = tk.tile_config(128, 128, sdt)
+            cur_us = next((us for us, cfg in res if cfg == cur), float("nan"))
+            print(f"B={B} state={short(sdt)}: rule {cur} {cur_us:.2f} us")
+            for us, cfg in res[:5]:
+                print(f"  {us:8.2f} us  BV={cfg.BV:<3} num_warps={cfg.num_warps}"
+                      f"{' *' if cfg == cur else ''}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
