@@ -22,9 +22,11 @@ from hypothesis import strategies as st
 import custom_ops
 from custom_ops import fused_gdn_decode_reference
 from custom_ops.testing import (
+    ALL_DTYPES,
     ARG_NAMES,
     DTYPE_PAIRS,
     OP,
+    RANK,
     assert_close,
     call,
     storage_bytes,
@@ -249,11 +251,6 @@ def test_nan_inf_propagate_like_reference(p):
 # ---------------------------------------------------------------------------------------------
 # Garbage: nothing crashes; only the op's own TypeError/ValueError comes out
 
-
-RANK = {"mixed_qkv": 2, "a": 2, "b": 2, "a_log": 1, "dt_bias": 1, "state_ref": 4,
-        "ssm_state_indices": 1}
-ALL_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
-              torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64]
 DIM = st.sampled_from([0, 1, 2, 3, 4, 8, 16, 64, 65, 72, 128, 2033])
 
 
