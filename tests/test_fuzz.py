@@ -314,9 +314,9 @@ def _simple(B=3, Hv=4, H=2, K=64, V=16, P=8, dtype=torch.bfloat16, state_dtype=t
                                            (100, torch.bfloat16), (64, torch.float32)],
                          ids=["K72-fp32", "K136-fp32", "K100-bf16", "K64-fp32"])
 def test_inf_in_v_stays_inf_with_partial_vectors(isa, K, state_dtype):
-    """Regression: with an Inf in v, delta is infinite and the kernel's zero-padded lanes of the
-    last partial vector held delta * 0 = NaN, which leaked into out (NaN where the reference gives
-    Inf) for every K that is not a multiple of the vector step."""
+    """With an Inf in v, delta is infinite: the zero-padded lanes of the last partial vector (any
+    K that is not a multiple of the vector step) give delta * 0 = NaN, which must not reach out
+    (the reference gives Inf there)."""
     x = _build(_simple(B=2, H=1, Hv=2, K=K, V=8, state_dtype=state_dtype))
     x["mixed_qkv"][:, :2 * K] = 1.0  # q = k: every q_t * k_t > 0, so out is +Inf, not NaN
     x["mixed_qkv"][0, 2 * K] = float("inf")
