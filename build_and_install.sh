@@ -6,7 +6,8 @@
 #
 # torch is never replaced: the extension must match the torch it runs with. Only when torch is
 # missing is the CPU build torch==$TORCH_VERSION installed. On an Ascend host, install torch_npu and
-# CANN first and source CANN's set_env.sh (see README, "On Ascend NPUs"); the build is the same.
+# CANN first and source CANN's set_env.sh (docs/npu.md, "Prerequisites on the Ascend host"); the
+# build is the same.
 set -euo pipefail
 cd "$(dirname "$0")"
 

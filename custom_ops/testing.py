@@ -4,7 +4,8 @@ benchmarks and the device scripts.
 - ``make_inputs(Case(...))``: the inputs of one decode call, as a model produces them;
 - ``TOLERANCES``: how close a kernel must come to the reference, per result dtype;
 - ``assert_close`` / ``check_against_reference``: the comparison with those tolerances;
-- ``use_cpu_isa`` / ``use_threads``: run a block on one CPU kernel variant / intra-op thread count.
+- ``use_cpu_isa`` / ``use_threads``: run a block on one CPU kernel variant / intra-op thread count;
+- ``call`` / ``redispatch``: call the op (or one dispatch key's kernel of it) on those inputs.
 """
 
 import contextlib
@@ -16,8 +17,14 @@ from .reference import fused_gdn_decode_reference
 
 OP = torch.ops.custom.npu_fused_gdn_decode
 
-# The op's tensor arguments, in order.
+# The op's tensor arguments, in order, and the rank the op requires of each.
 ARG_NAMES = ("mixed_qkv", "a", "b", "a_log", "dt_bias", "state_ref", "ssm_state_indices")
+RANK = {"mixed_qkv": 2, "a": 2, "b": 2, "a_log": 1, "dt_bias": 1, "state_ref": 4,
+        "ssm_state_indices": 1}
+
+# Dtypes the rejection tests give each argument: the accepted ones and a spread of the others.
+ALL_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+              torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64]
 
 # (mixed_qkv dtype, state dtype) pairs the op accepts.
 DTYPE_PAIRS = [
@@ -202,10 +209,24 @@ def to_meta(inputs: dict) -> dict:
 
 
 def call(fn, inputs: dict, **kw):
-    """``fn(*the op's positional arguments from inputs, **kw)``."""
+    """``fn(*the op's positional arguments from inputs, **kw)``. Spelled out, not through
+    ``positional_args``: the benchmarks time calls made with it."""
     x = inputs
     return fn(x["mixed_qkv"], x["a"], x["b"], x["a_log"], x["dt_bias"], x["state_ref"],
               x["ssm_state_indices"], x["scale"], **kw)
+
+
+def positional_args(inputs: dict) -> tuple:
+    """The op's positional arguments from ``inputs``: its tensors in order, then ``scale``."""
+    return tuple(inputs[k] for k in ARG_NAMES) + (inputs["scale"],)
+
+
+def redispatch(overload, key: str):
+    """``overload`` (e.g. ``OP.default``) as dispatched to dispatch key ``key``'s kernel, whatever
+    the inputs' device: on a CPU-only machine, CPU tensors reach the kernel registered for CUDA or
+    XPU."""
+    keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+    return lambda *args, **kw: overload.redispatch(keyset, *args, **kw)
 
 
 def paged_pool(state: torch.Tensor, page: int, offset: int, fill: float = 7.0):
@@ -219,6 +240,29 @@ def paged_pool(state: torch.Tensor, page: int, offset: int, fill: float = 7.0):
     view = buf.as_strided(state.shape, (page, V * K, K, 1), offset)
     view.copy_(state)
     return view, buf
+
+
+def aot_backend(use_pass: bool, graphs: list = None):
+    """A torch.compile backend that compiles as torchair does: aot_autograd with input mutations
+    kept in the graph, the forward graph run as is; with ``use_pass``,
+    ``custom_ops.converter.reinplace_pass`` applied to it first. Each forward graph is appended to
+    ``graphs`` when given."""
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+    from .converter import reinplace_pass
+
+    def forward(gm, example_inputs):
+        if use_pass:
+            reinplace_pass(gm, example_inputs)
+        if graphs is not None:
+            graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward,
+                                     keep_inference_input_mutations=True)
+
+    return backend
 
 
 def clone_inputs(inputs: dict) -> dict:

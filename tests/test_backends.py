@@ -6,7 +6,8 @@ the debug index switch, and a triton that fails to import. Every backend's rejec
 test_validation.py's table.
 
 CPU-only machines have no XPU/MPS/CUDA tensors, so the registered kernels are reached with
-``OpOverload.redispatch`` on CPU tensors: the dispatcher runs whatever that key's table entry holds.
+``custom_ops.testing.redispatch`` (``OpOverload.redispatch``) on CPU tensors: the dispatcher runs
+whatever that key's table entry holds.
 """
 
 import os
@@ -27,18 +28,13 @@ from custom_ops.testing import (
     call,
     check_against_reference,
     make_inputs,
+    redispatch,
     to_meta,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE_EVENT = composite.PROFILER_EVENT
 TRITON_EVENT = cuda_backend.PROFILER_EVENT
-
-
-def via(key):
-    """The op as dispatched to `key`'s kernel, whatever the inputs' device."""
-    keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
-    return lambda *args, **kw: OP.default.redispatch(keyset, *args, **kw)
 
 
 def profiled_events(fn):
@@ -64,7 +60,7 @@ def test_cpp_kernels_keep_their_keys():
 @pytest.mark.parametrize("key", ["CUDA", "XPU", "MPS", "HPU"])
 def test_python_kernels_cover_other_devices(key):
     x = make_inputs(Case(B=2, H=1, Hv=2, K=64, V=8, invalid_rows=(1,)))
-    events = profiled_events(lambda: check_against_reference(x, fn=via(key)))
+    events = profiled_events(lambda: check_against_reference(x, fn=redispatch(OP.default, key)))
     triton = key == "CUDA" and cuda_backend.triton_available()
     assert (TRITON_EVENT if triton else REFERENCE_EVENT) in events, events
     assert (REFERENCE_EVENT if triton else TRITON_EVENT) not in events, events
@@ -86,10 +82,10 @@ def test_import_without_triton():
         "importlib.util.find_spec = lambda n, *a: None if n == 'triton' else _find(n, *a)\n"
         "import torch, custom_ops\n"
         "from custom_ops import composite, cuda\n"
-        "from custom_ops.testing import Case, OP, check_against_reference, make_inputs\n"
+        "from custom_ops.testing import Case, OP, check_against_reference, make_inputs, "
+        "redispatch\n"
         "assert cuda.KERNEL is composite.fused_gdn_decode_checked_reference\n"
-        "keyset = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)\n"
-        "entry = lambda *a, **kw: OP.default.redispatch(keyset, *a, **kw)\n"
+        "entry = redispatch(OP.default, 'CUDA')\n"
         "check_against_reference(make_inputs(Case(invalid_rows=(1,))), steps=2, fn=entry)\n"
         "print('ok')\n"
     )
@@ -114,7 +110,7 @@ def test_broken_triton_falls_back_to_reference(monkeypatch):
 def test_checked_reference_matches_reference(dtype, state_dtype):
     x = make_inputs(Case(B=4, H=1, Hv=3, K=64, V=8, dtype=dtype, state_dtype=state_dtype,
                          invalid_rows=(1, 2)))
-    check_against_reference(x, steps=2, fn=via("XPU"))
+    check_against_reference(x, steps=2, fn=redispatch(OP.default, "XPU"))
 
 
 def test_checked_reference_matches_cpu_op():

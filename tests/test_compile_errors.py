@@ -5,10 +5,8 @@ import pathlib
 
 import pytest
 import torch
-from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
-from custom_ops.converter import reinplace_pass
-from custom_ops.testing import ARG_NAMES, OP, Case, make_inputs
+from custom_ops.testing import ARG_NAMES, OP, Case, aot_backend, make_inputs
 
 BAD_INPUT_MD = pathlib.Path(__file__).resolve().parents[1] / "docs" / "bad_input.md"
 INFERENCE_MSG = "Inplace update to inference tensor outside InferenceMode"
@@ -16,22 +14,6 @@ INFERENCE_MSG = "Inplace update to inference tensor outside InferenceMode"
 
 def step(*args):
     return OP(*args, 0.125)
-
-
-def aot_backend(use_pass):
-    """aot_autograd with input mutations kept in the graph, as torchair compiles; with
-    `use_pass`, custom_ops.converter.reinplace_pass on the forward graph first."""
-
-    def forward(gm, example_inputs):
-        if use_pass:
-            reinplace_pass(gm, example_inputs)
-        return make_boxed_func(gm.forward)
-
-    def backend(gm, example_inputs):
-        return aot_module_simplified(gm, example_inputs, fw_compiler=forward,
-                                     keep_inference_input_mutations=True)
-
-    return backend
 
 
 BACKENDS = {

@@ -1,5 +1,6 @@
 """The CPU op against the pure-torch reference (docs/spec.md semantics), and its slot, stride and
-determinism guarantees."""
+determinism guarantees. The kernel variants against each other, bit for bit, and the variant
+choice: test_cpu_kernel.py."""
 
 import itertools
 
@@ -13,13 +14,11 @@ from custom_ops.testing import (
     DTYPE_PAIRS,
     OP,
     Case,
-    assert_close,
     call,
     check_against_reference,
     clone_inputs,
     make_inputs,
     short,
-    use_cpu_isa,
     use_threads,
 )
 
@@ -76,33 +75,6 @@ def test_every_kernel_variant(isa, threads, K, state_dtype):
     case = Case(B=5, H=2, Hv=6, K=K, V=12, dtype=dtype, state_dtype=state_dtype,
                 invalid_rows=(1, 4))
     check_against_reference(make_inputs(case), steps=2)
-
-
-def test_variants_agree_closely():
-    """All variants compute the same thing; they may differ only by fp32 summation order."""
-    inputs = make_inputs(Case(B=4, H=2, Hv=4, K=136, V=32, state_dtype=torch.float32))
-    results = []
-    for isa in custom_ops.cpu_isas():
-        with use_cpu_isa(isa):
-            x = clone_inputs(inputs)
-            results.append((call(OP, x), x["state_ref"]))
-    for out, state in results[1:]:
-        assert_close(out, results[0][0], "out")
-        assert_close(state, results[0][1], "state")
-
-
-def test_set_cpu_isa_rejects_unknown():
-    before = custom_ops.cpu_isa()
-    with pytest.raises(ValueError, match="unknown CPU kernel variant 'sse9'"):
-        custom_ops.set_cpu_isa("sse9")
-    assert custom_ops.cpu_isa() == before
-
-
-def test_set_cpu_isa_returns_the_previous_variant(isa):
-    assert custom_ops.set_cpu_isa("portable") == isa
-    assert custom_ops.cpu_isa() == "portable"
-    assert custom_ops.set_cpu_isa(isa) == "portable"
-    assert "portable" in custom_ops.cpu_isas()
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=short)

@@ -3,9 +3,9 @@
 The AVX-512 variants run only on CPUs that have AVX-512; where the tests run without it, their
 speed cannot be seen. One property decides much of it and can be read from the built library: a
 row group's dot-product accumulators must stay in registers (AVX-512 has 32). A compiler that keeps
-them on the stack makes every FMA of a dot product wait for a store and a reload; that happened once
-(an out-of-line lambda and row loops unrolled too late), and the bits were the same, so no other
-test saw it. This test disassembles the library's K-specialised AVX-512 row kernels with objdump
+them on the stack makes every FMA of a dot product wait for a store and a reload (GCC 12 does, given
+a plain row loop or one step left out of line: docs/cpu_kernel.md) yet changes no bit, so no other
+test sees it. This test disassembles the library's K-specialised AVX-512 row kernels with objdump
 and fails where an accumulator lives on the stack. It reads the code the compiler made; it does not
 time it.
 """

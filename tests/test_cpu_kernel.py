@@ -129,6 +129,7 @@ def test_every_variant_gives_the_same_bits(K, state_dtype):
 
 @pytest.mark.parametrize("case", [
     Case(B=5, H=2, Hv=4, K=128, V=128),
+    Case(B=4, H=2, Hv=4, K=136, V=32),
     Case(B=3, H=1, Hv=3, K=96, V=17),
     Case(B=2, H=2, Hv=2, K=2032, V=5),
     Case(B=4, H=4, Hv=8, K=64, V=9, layout="strided", invalid_rows=(1,)),
@@ -320,6 +321,20 @@ def test_env_variable_with_a_variant_this_machine_lacks_warns():
     assert "RuntimeWarning" in result.stderr and f"'{missing[0]}'" in result.stderr
     chosen, capability = result.stdout.split()
     assert chosen == _expected_default(capability)
+
+
+def test_set_cpu_isa_rejects_unknown():
+    before = custom_ops.cpu_isa()
+    with pytest.raises(ValueError, match="unknown CPU kernel variant 'sse9'"):
+        custom_ops.set_cpu_isa("sse9")
+    assert custom_ops.cpu_isa() == before
+
+
+def test_set_cpu_isa_returns_the_previous_variant(isa):
+    assert custom_ops.set_cpu_isa("portable") == isa
+    assert custom_ops.cpu_isa() == "portable"
+    assert custom_ops.set_cpu_isa(isa) == "portable"
+    assert "portable" in custom_ops.cpu_isas()
 
 
 @pytest.mark.parametrize("name", ["portable\x00junk", "Portable", " avx2", ""])

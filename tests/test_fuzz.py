@@ -22,9 +22,11 @@ from hypothesis import strategies as st
 import custom_ops
 from custom_ops import fused_gdn_decode_reference
 from custom_ops.testing import (
+    ALL_DTYPES,
     ARG_NAMES,
     DTYPE_PAIRS,
     OP,
+    RANK,
     assert_close,
     call,
     storage_bytes,
@@ -249,11 +251,6 @@ def test_nan_inf_propagate_like_reference(p):
 # ---------------------------------------------------------------------------------------------
 # Garbage: nothing crashes; only the op's own TypeError/ValueError comes out
 
-
-RANK = {"mixed_qkv": 2, "a": 2, "b": 2, "a_log": 1, "dt_bias": 1, "state_ref": 4,
-        "ssm_state_indices": 1}
-ALL_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
-              torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64]
 DIM = st.sampled_from([0, 1, 2, 3, 4, 8, 16, 64, 65, 72, 128, 2033])
 
 
@@ -317,9 +314,9 @@ def _simple(B=3, Hv=4, H=2, K=64, V=16, P=8, dtype=torch.bfloat16, state_dtype=t
                                            (100, torch.bfloat16), (64, torch.float32)],
                          ids=["K72-fp32", "K136-fp32", "K100-bf16", "K64-fp32"])
 def test_inf_in_v_stays_inf_with_partial_vectors(isa, K, state_dtype):
-    """Regression: with an Inf in v, delta is infinite and the kernel's zero-padded lanes of the
-    last partial vector held delta * 0 = NaN, which leaked into out (NaN where the reference gives
-    Inf) for every K that is not a multiple of the vector step."""
+    """With an Inf in v, delta is infinite: the zero-padded lanes of the last partial vector (any
+    K that is not a multiple of the vector step) give delta * 0 = NaN, which must not reach out
+    (the reference gives Inf there)."""
     x = _build(_simple(B=2, H=1, Hv=2, K=K, V=8, state_dtype=state_dtype))
     x["mixed_qkv"][:, :2 * K] = 1.0  # q = k: every q_t * k_t > 0, so out is +Inf, not NaN
     x["mixed_qkv"][0, 2 * K] = float("inf")

@@ -9,12 +9,10 @@ import sys
 
 import pytest
 import torch
-from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
 import custom_ops.converter as converter_pkg
 from custom_ops import fused_gdn_decode_reference
-from custom_ops.converter import reinplace_pass
-from custom_ops.testing import ARG_NAMES, OP, Case, assert_close, make_inputs
+from custom_ops.testing import ARG_NAMES, OP, Case, aot_backend, assert_close, make_inputs
 
 HOP = torch.ops.higher_order.auto_functionalized_v2
 
@@ -39,19 +37,8 @@ def compile_with(fn, use_pass):
     does), the forward graph run as is; with `use_pass`, reinplace_pass applied to it first.
     Returns (compiled fn, the forward graphs)."""
     graphs = []
-
-    def forward(gm, example_inputs):
-        if use_pass:
-            reinplace_pass(gm, example_inputs)
-        graphs.append(gm)
-        return make_boxed_func(gm.forward)
-
-    def backend(gm, example_inputs):
-        return aot_module_simplified(gm, example_inputs, fw_compiler=forward,
-                                     keep_inference_input_mutations=True)
-
     torch._dynamo.reset()
-    return torch.compile(fn, backend=backend, fullgraph=True), graphs
+    return torch.compile(fn, backend=aot_backend(use_pass, graphs), fullgraph=True), graphs
 
 
 def targets(gm):

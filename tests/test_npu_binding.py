@@ -497,16 +497,21 @@ def test_capture_makes_no_host_copy_or_sync(fake, torch_npu_api, env):
 
 # ---- library search order --------------------------------------------------------------------
 
+def assert_runs_from(path):
+    """The binding reports the library at `path` as the one it found and launches through it."""
+    assert f"op library: {path}" in NPU.vendor_info()
+    lib = open_fake(path)
+    lib.fake_acl_reset()
+    call(OP, npu_inputs(make_inputs(Case())))
+    assert lib.count("Launch") == 1
+
+
 def test_custom_opp_path_entries_in_order(env, device, fake_builds, tmp_path):
     first = install(tmp_path / "first", fake_builds)
     install(tmp_path / "second", fake_builds)
     env.setenv("ASCEND_CUSTOM_OPP_PATH",
                f"{tmp_path / 'missing'}:{tmp_path / 'first'}:{tmp_path / 'second'}")
-    assert f"op library: {first}" in NPU.vendor_info()
-    lib = open_fake(first)
-    lib.fake_acl_reset()
-    call(OP, npu_inputs(make_inputs(Case())))
-    assert lib.count("Launch") == 1
+    assert_runs_from(first)
 
 
 def test_vendors_config_ini_priority(env, device, fake_builds, tmp_path):
@@ -515,11 +520,7 @@ def test_vendors_config_ini_priority(env, device, fake_builds, tmp_path):
     beta = install(opp / "vendors" / "beta", fake_builds)
     (opp / "vendors" / "config.ini").write_text("# vendors\nload_priority=beta, alpha\n")
     env.setenv("ASCEND_OPP_PATH", str(opp))
-    assert f"op library: {beta}" in NPU.vendor_info()
-    lib = open_fake(beta)
-    lib.fake_acl_reset()
-    call(OP, npu_inputs(make_inputs(Case())))
-    assert lib.count("Launch") == 1
+    assert_runs_from(beta)
 
 
 def test_custom_path_before_vendors(env, device, fake_builds, tmp_path):
@@ -529,7 +530,7 @@ def test_custom_path_before_vendors(env, device, fake_builds, tmp_path):
     custom = install(tmp_path / "custom", fake_builds)
     env.setenv("ASCEND_OPP_PATH", str(opp))
     env.setenv("ASCEND_CUSTOM_OPP_PATH", str(tmp_path / "custom"))
-    assert f"op library: {custom}" in NPU.vendor_info()
+    assert_runs_from(custom)
 
 
 def test_library_without_the_op_is_skipped(env, device, fake_builds, tmp_path):

@@ -18,14 +18,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from custom_ops import cuda as cuda_backend
 from custom_ops import fused_gdn_decode_reference
 from custom_ops.testing import (DTYPE_PAIR_IDS, DTYPE_PAIRS, OP, Case, assert_close, call,
-                                make_inputs, paged_pool, storage_bytes, to_meta, use_cpu_isa)
+                                make_inputs, paged_pool, positional_args, redispatch,
+                                storage_bytes, to_meta, use_cpu_isa)
 
 OUT = OP.out
-
-
-def _redispatch(overload, key):
-    keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
-    return lambda *args, **kw: overload.redispatch(keyset, *args, **kw)
 
 
 def _triton_or_skip():
@@ -39,9 +35,9 @@ BACKENDS = ["cpu", "cpu-portable", "composite", "triton"]
 def _entry(backend, overload):
     if backend == "triton":
         _triton_or_skip()
-        return _redispatch(overload, "CUDA")
+        return redispatch(overload, "CUDA")
     if backend == "composite":
-        return _redispatch(overload, "XPU")
+        return redispatch(overload, "XPU")
     return overload
 
 
@@ -188,19 +184,14 @@ def test_out_overload_schema():
         assert torch._C._dispatch_has_kernel_for_dispatch_key(OUT.name(), key), key
 
 
-def _args(x):
-    return (x["mixed_qkv"], x["a"], x["b"], x["a_log"], x["dt_bias"], x["state_ref"],
-            x["ssm_state_indices"], x["scale"])
-
-
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 def test_opcheck_out(paged):
     x, _, view, _ = _paged_case(Case(B=3, H=2, Hv=4, K=64, V=16, invalid_rows=(1,)))
     if paged:
         x = dict(x, state_ref=view)
     out = torch.empty(3, 1, 4, 16, dtype=torch.bfloat16)
-    torch.library.opcheck(OUT, _args(x), {"softplus_threshold": 15.0, "out": out})
-    torch.library.opcheck(OP.default, _args(x), {"softplus_threshold": 15.0})
+    torch.library.opcheck(OUT, positional_args(x), {"softplus_threshold": 15.0, "out": out})
+    torch.library.opcheck(OP.default, positional_args(x), {"softplus_threshold": 15.0})
 
 
 def _two_steps_out(mixed_qkv, a, b, a_log, dt_bias, state, idx, scale, out):
@@ -217,9 +208,9 @@ def test_compile_out_on_paged_pool():
     _, _, view2, _ = _paged_case(Case(B=4, H=2, Hv=4, K=64, V=16, invalid_rows=(2,)))
     out_e = torch.empty(4, 1, 4, 16, dtype=torch.bfloat16)
     out_c = torch.empty_like(out_e)
-    r_e = _two_steps_out(*_args(dict(x, state_ref=view)), out_e)
+    r_e = _two_steps_out(*positional_args(dict(x, state_ref=view)), out_e)
     fn = torch.compile(_two_steps_out, fullgraph=True, backend="inductor")
-    r_c = fn(*_args(dict(x, state_ref=view2)), out_c)
+    r_c = fn(*positional_args(dict(x, state_ref=view2)), out_c)
     assert_close(r_c, r_e, "sum")
     assert torch.equal(out_c, out_e)  # the compiled graph wrote the caller's out
     assert torch.equal(view2, view)   # and the caller's paged pool

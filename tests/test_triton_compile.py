@@ -1,7 +1,7 @@
 """The Triton kernel compiled for real, for NVIDIA sm_80 and sm_90, here without a GPU.
 
-Triton's interpreter (test_triton_interpret.py) is more lenient than its compiler: it ran a kernel
-the compiler refuses. Here Triton's own compiler and the ptxas it bundles build every tile
+Triton's interpreter (test_triton_interpret.py) is more lenient than its compiler: it runs kernels
+the compiler refuses (one reading a plain module global). Here Triton's own compiler and the ptxas it bundles build every tile
 configuration the launcher can pick (benchmarks/triton_compile.py), from scratch into a cache
 directory new to this session: Triton's cache key ignores TRITON_ALLOW_NON_CONSTEXPR_GLOBALS, so a
 warm cache could hide the error. The compiles run in one process per CPU (about 75 s of CPU time
@@ -94,7 +94,7 @@ def _compile_scratch_kernel(arch, cache_dir):
 
 
 def _compile_with_plain_norm_eps(cache_dir):
-    old, tk.NORM_EPS = tk.NORM_EPS, 1e-6  # the op's kernel as it was: NORM_EPS a plain float
+    old, tk.NORM_EPS = tk.NORM_EPS, 1e-6  # the op's kernel with NORM_EPS a plain float
     try:
         return tc.compile_task(90, *CONFIGS[0], cache_dir)
     finally:

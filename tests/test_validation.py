@@ -15,16 +15,13 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from custom_ops import cuda as cuda_backend
-from custom_ops.testing import ARG_NAMES, OP, Case, call, make_inputs, storage_bytes, to_meta
+from custom_ops.testing import (ALL_DTYPES, ARG_NAMES, OP, RANK, Case, call, make_inputs,
+                                redispatch, storage_bytes, to_meta)
 
 BASE = Case(B=3, H=2, Hv=4, K=64, V=16)  # BlockNum 8, width 2*2*64 + 4*16 = 320
 FP16 = dataclasses.replace(BASE, dtype=torch.float16, state_dtype=torch.float16)
 U32 = 2**32  # one past UINT32_MAX
 INT32_MAX = 2**31 - 1
-RANK = {"mixed_qkv": 2, "a": 2, "b": 2, "a_log": 1, "dt_bias": 1, "state_ref": 4,
-        "ssm_state_indices": 1}
-ALL_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
-              torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,12 +272,6 @@ REJECTIONS = _rank_rows() + _dtype_rows() + _empty_rows() + _tensor_kind_rows() 
 ]
 
 
-def _redispatch(key):
-    """The op as dispatched to `key`'s kernel, whatever the inputs' device."""
-    keyset = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
-    return lambda *args, **kw: OP.default.redispatch(keyset, *args, **kw)
-
-
 def _cpu(x, thr):
     return call(OP, x, softplus_threshold=thr)
 
@@ -303,7 +294,7 @@ def _fake(x, thr):
 
 def _composite(x, thr):
     # XPU has no kernel of its own: its calls reach the CompositeExplicitAutograd registration.
-    return call(_redispatch("XPU"), x, softplus_threshold=thr)
+    return call(redispatch(OP.default, "XPU"), x, softplus_threshold=thr)
 
 
 def _triton(x, thr):
@@ -311,7 +302,7 @@ def _triton(x, thr):
         pytest.skip("triton is not installed: the CUDA key holds the checked reference")
     old = cuda_backend.set_check_indices(True)  # slot values are checked behind this switch only
     try:
-        return call(_redispatch("CUDA"), x, softplus_threshold=thr)
+        return call(redispatch(OP.default, "CUDA"), x, softplus_threshold=thr)
     finally:
         cuda_backend.set_check_indices(old)
 

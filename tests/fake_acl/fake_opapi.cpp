@@ -7,7 +7,8 @@
 // binding shows up in the numbers. It validates like the vendor's aclnn layer, enforces the
 // two-phase protocol, records every call, and can be told to fail with a given status.
 //
-// Written for this project from the public API description (SPEC.md); no vendor code.
+// Written for this project from the public API description (docs/spec.md, "The vendor pieces
+// (NPU path)"); no vendor code.
 // Build: g++ -std=c++17 -O2 -shared -fPIC fake_opapi.cpp -o libcust_opapi.so
 //        (-DFAKE_WITHOUT_OP: a library without the aclnn entry points, for search-order tests)
 #include <cmath>
@@ -154,7 +155,7 @@ void store(const aclTensor* t, int64_t e, float v) {
   }
 }
 
-// The op (SPEC.md "Semantics"), all in float32.
+// The op (docs/spec.md, "Semantics (all arithmetic in float32)"), all in float32.
 void compute(const aclOpExecutor& x) {
   const aclTensor *mixed = x.t[0], *ta = x.t[1], *tb = x.t[2], *alog = x.t[3], *dtb = x.t[4],
                   *state = x.t[5], *idx = x.t[6], *out = x.t[7];
