@@ -5,8 +5,9 @@ scripts/make_vllm_venv.sh), in-process, on tiny random Qwen3-Next models made lo
 With CUSTOM_OPS_VLLM_CHECK=1 the plugin compares every decode call with vLLM's own decode kernel
 on the same inputs (output and updated state, per-dtype tolerances, layouts converted) and checks
 at every call that the slots carrying state hold exactly what the last call left, so a state lost
-through prefill, chunked prefill mixed with decode, or slot reuse fails the engine run. Skips only
-when the package registry is unreachable.
+through prefill, chunked prefill mixed with decode, slot reuse, or preemption and recompute fails
+the engine run. With ngram speculative decoding the plugin leaves every batch to vLLM and the
+tokens equal plugin-off. Skips only when the package registry is unreachable.
 """
 
 import json
@@ -68,6 +69,42 @@ def test_every_decode_call_matches_vllm_kernel(vllm_python, state_dtype, lengths
     assert r["max_out_diff"] > 0 or r["max_state_diff"] > 0  # two kernels really were compared
 
 
+def test_preemption_and_recompute_keep_every_state(vllm_python):
+    # An attention block of 128 tokens (4 KV heads x 64: vLLM sizes the block to one GDN state)
+    # and 8 blocks in all: requests of 90-120 prompt tokens growing by 40 cross a block boundary
+    # while the pool is full, so the scheduler preempts running requests (its own code path),
+    # frees their slots to others and later recomputes them through prefill. Hv = 6 over H = 2
+    # key heads: Qwen3.5's head ratio of 3 (not a power of two) in the engine.
+    r = drive(vllm_python, "run", "--value-heads", "6", "--kv-heads", "4", "--head-dim", "64",
+              "--max-model-len", "512",
+              "--num-gpu-blocks", "8", "--lengths", "100,110,120,90,105", "--max-tokens", "40",
+              "--max-num-seqs", "4", "--max-num-batched-tokens", "128")
+    assert r["block_size"] == 128, r["block_size"]
+    assert r["preemptions"] > 0, r
+    assert r["tokens"] == r["expected_tokens"]
+    # Every decode step, before and after the preemptions, ran our op and was compared with
+    # vLLM's kernel; the state carried into every call (recomputed ones included) was checked.
+    assert r["decode_calls"] > 10 and r["checked_calls"] == r["decode_calls"], r
+    assert r["other_calls"] > 0 and r["converted_slots"] > 0, r
+    assert r["checked_prior_slots"] > r["decode_rows"], r
+    assert r["max_out_diff"] > 0 or r["max_state_diff"] > 0
+
+
+def test_speculative_decode_stays_vllm(vllm_python):
+    # ngram speculation on a repetitive prompt: vLLM's spec batches (and, with spec configured,
+    # every batch: the conv state is wider) run vLLM's code; tokens equal plugin-off bit for bit
+    # (the plugin only transposes slots in place around vLLM's kernels).
+    args = ("run", "--lengths", "40,50,30", "--max-tokens", "30", "--max-num-seqs", "2",
+            "--ngram", "2", "--repetitive")
+    on = drive(vllm_python, *args)
+    off = drive(vllm_python, *args, plugin=False, check=False)
+    assert on["oot_registered"] and not off["oot_registered"]
+    assert on["spec_calls"] > 0 and on["spec_seqs"] > on["spec_calls"], on
+    assert on["decode_calls"] == 0 and on["other_calls"] > 0, on
+    assert on["tokens"] == on["expected_tokens"]
+    assert on["token_ids"] == off["token_ids"]
+
+
 def test_plugin_inert_when_off(vllm_python):
     r = drive(vllm_python, "run", "--lengths", "5,40", "--max-tokens", "4", plugin=False)
     assert not r["oot_registered"]
@@ -79,3 +116,25 @@ def test_untested_vllm_version_refused(vllm_python):
     r = drive(vllm_python, "refuse")
     assert len(r["errors"]) == 3 and not r["installed"], r
     assert all("is not a tested version (>=0.32.0,<0.33)" in e for e in r["errors"]), r
+
+
+def test_forward_split_matches_vllm_for_both_layouts(vllm_python):
+    # Qwen3-Next's interleaved layout and Qwen3.5's plain [q, k, v, z] / [b, a] layout at Qwen3.5
+    # head shapes (Hv = 48, 64 over H = 16): the plugin's forward_cpu hands the core op exactly
+    # what vLLM's own forward_cpu hands its core, and the output projection the same z.
+    r = drive(vllm_python, "layer-split", check=False)
+    assert [(x["interleaved"], x["hv"]) for x in r["layers"]] == [
+        (True, 32), (False, 48), (False, 64)], r
+    assert all(x["same"] for x in r["layers"]), r
+
+
+def test_cuda_route_matches_vllm_packed_decode(vllm_python):
+    # The experimental CUDA route's call site (the layer's _forward_core_decode_non_spec, which
+    # vLLM's forward_cuda reaches for a pure decode batch) against vLLM's own, whose Triton packed
+    # decode kernel runs in Triton's interpreter on CPU tensors: fp32 and bf16 slot-strided pools,
+    # null-block rows, three steps, compared inside the driver (it fails on any mismatch).
+    r = drive(vllm_python, "cuda-route", check=False)
+    assert [c["state_dtype"] for c in r["cases"]] == ["torch.float32", "torch.bfloat16"], r
+    assert all(c["steps"] == 3 for c in r["cases"]), r
+    assert r["stats"]["cuda_decode_calls"] == 6, r
+    assert all(c["max_out_diff"] > 0 or c["max_state_diff"] > 0 for c in r["cases"]), r

