@@ -13,12 +13,14 @@ import dataclasses
 
 import torch
 
+from .ops import ARG_NAMES as _OP_ARG_NAMES
 from .reference import fused_gdn_decode_reference
 
 OP = torch.ops.custom.npu_fused_gdn_decode
 
-# The op's tensor arguments, in order, and the rank the op requires of each.
-ARG_NAMES = ("mixed_qkv", "a", "b", "a_log", "dt_bias", "state_ref", "ssm_state_indices")
+# The op's tensor arguments, in order (ops.ARG_NAMES up to scale), and the rank the op requires
+# of each.
+ARG_NAMES = _OP_ARG_NAMES[:_OP_ARG_NAMES.index("scale")]
 RANK = {"mixed_qkv": 2, "a": 2, "b": 2, "a_log": 1, "dt_bias": 1, "state_ref": 4,
         "ssm_state_indices": 1}
 
@@ -209,11 +211,8 @@ def to_meta(inputs: dict) -> dict:
 
 
 def call(fn, inputs: dict, **kw):
-    """``fn(*the op's positional arguments from inputs, **kw)``. Spelled out, not through
-    ``positional_args``: the benchmarks time calls made with it."""
-    x = inputs
-    return fn(x["mixed_qkv"], x["a"], x["b"], x["a_log"], x["dt_bias"], x["state_ref"],
-              x["ssm_state_indices"], x["scale"], **kw)
+    """``fn(*the op's positional arguments from inputs, **kw)``."""
+    return fn(*positional_args(inputs), **kw)
 
 
 def positional_args(inputs: dict) -> tuple:

@@ -43,7 +43,7 @@ _REAL_BACKEND = (importlib.util.find_spec("torch_npu") is not None
 pytestmark = [
     pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the fakes"),
     pytest.mark.skipif(_REAL_BACKEND, reason="a real PrivateUse1 backend (torch_npu) is present; "
-                       "verify there with benchmarks/npu_vs_cpu.py (docs/npu.md)"),
+                       "verify there with python -m benchmarks.npu_vs_cpu (docs/npu.md)"),
 ]
 
 

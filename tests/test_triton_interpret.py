@@ -24,6 +24,7 @@ from custom_ops.testing import (  # noqa: E402
     check_against_reference,
     clone_inputs,
     make_inputs,
+    redispatch,
     short,
     with_value_at,
 )
@@ -31,15 +32,13 @@ from custom_ops.testing import (  # noqa: E402
 from triton_mode import compiled_triton  # noqa: E402,F401  (a fixture)
 
 OVERLOAD = torch.ops.custom.npu_fused_gdn_decode.default
-CUDA_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
 if cuda_backend.KERNEL is not cuda_backend.fused_gdn_decode_cuda:
     pytest.skip("the CUDA key does not hold the Triton kernel", allow_module_level=True)
 
 
-def cuda_entry(*args, **kw):
-    """The op as the dispatcher runs it for CUDA tensors, here on CPU tensors."""
-    return OVERLOAD.redispatch(CUDA_KEYSET, *args, **kw)
+# The op as the dispatcher runs it for CUDA tensors, here on CPU tensors.
+cuda_entry = redispatch(OVERLOAD, "CUDA")
 
 
 @pytest.mark.parametrize("ratio", [1, 2, 3, 4])

@@ -28,9 +28,10 @@ designed in docs/vllm.md, not shipped.
 """
 
 import logging
-import os
 
 import torch
+
+from .._env import env_flag
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,6 @@ CUDA_ENV = "CUSTOM_OPS_VLLM_CUDA"
 TESTED_VLLM = ">=0.32.0,<0.33"
 OP_NAME = "custom_ops_gdn_attention_core"
 
-_TRUE = ("1", "true", "on", "yes")
-
 # Counters of this process (read by the tests and the benchmark).
 STATS = {"decode_calls": 0, "decode_rows": 0, "other_calls": 0, "mixed_calls": 0,
          "converted_slots": 0, "cuda_decode_calls": 0, "spec_calls": 0, "spec_seqs": 0,
@@ -56,15 +55,15 @@ _shadow = {}  # layer prefix -> shadow pool in vLLM's layout (check mode)
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "0").lower() in _TRUE
+    return env_flag(ENV)
 
 
 def cuda_enabled() -> bool:
-    return os.environ.get(CUDA_ENV, "0").lower() in _TRUE
+    return env_flag(CUDA_ENV)
 
 
 def check_enabled() -> bool:
-    return os.environ.get(CHECK_ENV, "0").lower() in _TRUE
+    return env_flag(CHECK_ENV)
 
 
 def version_check(version: str = None) -> None:
