@@ -10,11 +10,15 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import quote_bench  # noqa: E402  (the parser of the stored run that fills the pages)
+
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 BENCH_TXT = DOCS / "bench_cpu.txt"
@@ -172,16 +176,7 @@ def test_relative_links_resolve(path):
 def _bench_rows():
     """docs/bench_cpu.txt's main table (the first: state from DRAM): (H, Hv, state, B) -> the
     numbers after the key."""
-    rows = {}
-    for line in BENCH_TXT.read_text().splitlines():
-        if rows and not line.strip():
-            break
-        parts = line.split("|")
-        if len(parts) != 3 or not parts[0].split() or not parts[0].split()[0].isdigit():
-            continue
-        h, hv, state, b = parts[0].split()
-        rows[(int(h), int(hv), state, int(b))] = parts[1].split() + parts[2].split()
-    return rows
+    return quote_bench.main_rows(BENCH_TXT.read_text())
 
 
 def test_readme_headline_rows_quote_the_stored_run():
