@@ -15,13 +15,15 @@ run of each counts. The same runs time every call of the GDN recurrence (stock t
 
 --conv fp32 runs transformers' conv step (``causal_conv1d_update``) in float32 in both variants:
 on CPUs without native bf16 convolution, PyTorch's bf16 depthwise conv1d falls back to one small
-convolution per channel and costs ~100x the fp32 one, which hides everything else in the step.
+convolution per channel and can cost far more than the fp32 one, hiding everything else in the
+step (docs/bench_transformers.txt has both on the machine it names).
 (A benchmark-only substitute, labelled in the output; the integration keeps transformers' own.)
 
 Why not torch.profiler for the share: on CPU, transformers' bf16 depthwise conv step runs as about
 25,000 tiny aten calls per decode step (one per channel group and layer); under torch.profiler one
-decode step takes ~16x longer and records ~300,000 events (over 1 GB), so the profiler's shares
-would mostly measure the profiler. Two perf_counter calls around each recurrence call cost ~1 us.
+decode step takes many times longer and records hundreds of thousands of events, so the
+profiler's shares would mostly measure the profiler; two perf_counter calls around each recurrence
+call cost about a microsecond.
 """
 
 import argparse
