@@ -4,6 +4,7 @@ choice: test_cpu_kernel.py."""
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -177,3 +178,13 @@ def test_wrapper_matches_op(threshold):
                                       softplus_threshold=threshold)
     assert torch.equal(out, call(OP, b, softplus_threshold=threshold))
     assert torch.equal(a["state_ref"], b["state_ref"])
+
+
+def test_reference_square_root_is_correctly_rounded():
+    # The reference's L2 norm takes IEEE sqrt, as the kernels do (numpy's float32 sqrt is IEEE),
+    # on a tensor large enough for torch's vectorised sqrt, which is not.
+    from custom_ops.reference import NORM_EPS, l2_norm
+
+    x = torch.rand(300_000, 3, generator=torch.Generator().manual_seed(0)) * 50
+    s = ((x * x).sum(-1, keepdim=True) + NORM_EPS).numpy()
+    assert torch.equal(l2_norm(x), torch.from_numpy(np.sqrt(s)))
