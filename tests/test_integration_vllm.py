@@ -123,6 +123,19 @@ def test_plugin_inert_when_off(vllm_python):
     assert r["tokens"] == r["expected_tokens"]
 
 
+def test_layer_the_op_does_not_take_stays_vllm(vllm_python):
+    # A float16 state under bfloat16 activations: vLLM's CPU kernels run it, our op does not
+    # take the pair. The plugin leaves those layers to vLLM whole (no layout conversion), so
+    # the tokens equal plugin-off bit for bit.
+    args = ("run", "--state-dtype", "float16", "--lengths", "5,40,12", "--max-tokens", "6")
+    on = drive(vllm_python, *args)
+    off = drive(vllm_python, *args, plugin=False, check=False)
+    assert on["oot_registered"] and on["untaken_calls"] > 0, on
+    assert on["decode_calls"] == on["other_calls"] == on["converted_slots"] == 0, on
+    assert on["tokens"] == on["expected_tokens"]
+    assert on["token_ids"] == off["token_ids"]
+
+
 def test_untested_vllm_version_refused(vllm_python):
     r = drive(vllm_python, "refuse")
     assert len(r["errors"]) == 3 and not r["installed"], r

@@ -48,7 +48,8 @@ OP_NAME = "custom_ops_gdn_attention_core"
 # Counters of this process (read by the tests and the benchmark).
 STATS = {"decode_calls": 0, "decode_rows": 0, "other_calls": 0, "mixed_calls": 0,
          "converted_slots": 0, "cuda_decode_calls": 0, "spec_calls": 0, "spec_seqs": 0,
-         "checked_calls": 0, "checked_prior_slots": 0, "max_out_diff": 0.0, "max_state_diff": 0.0}
+         "untaken_calls": 0, "checked_calls": 0, "checked_prior_slots": 0, "max_out_diff": 0.0,
+         "max_state_diff": 0.0}
 
 _installed = False
 _shadow = {}  # layer prefix -> shadow pool in vLLM's layout (check mode)
@@ -139,12 +140,35 @@ def _make_layer_class(base):
 
         def _forward_core_decode_non_spec(self, mixed_qkv, b, a, core_attn_out, attn_metadata):
             # vLLM's CUDA packed decode (forward_cuda -> _forward_core, pure decode, no spec).
-            if not _cuda_decode_supported(self, mixed_qkv):
+            if not _op_takes(self, mixed_qkv):
                 return super()._forward_core_decode_non_spec(mixed_qkv, b, a, core_attn_out,
                                                              attn_metadata)
             _cuda_packed_decode(self, mixed_qkv, b, a, core_attn_out, attn_metadata)
 
     return CustomOpsGatedDeltaNetAttention
+
+
+# (activations, state) dtype pairs the op takes (docs/spec.md, "Validation").
+_OP_DTYPES = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+              (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16)}
+_untaken_logged = set()
+
+
+def _op_takes(layer, mixed_qkv) -> bool:
+    """Whether our op takes this layer's dtype pair, K and pool (docs/spec.md, "Validation",
+    rules 4, 7, 8 and 13); a layer it does not take is left to vLLM (e.g. a float16 state under
+    bfloat16 activations, which vLLM's CPU kernels run)."""
+    pool = layer.kv_cache[1]
+    k = layer.head_k_dim
+    takes = ((mixed_qkv.dtype, pool.dtype) in _OP_DTYPES and 64 <= k <= 2032
+             and not (pool.dtype == torch.float32 and 0 < k % 16 < 8)
+             and pool[0].is_contiguous())
+    if not takes and layer.prefix not in _untaken_logged:
+        _untaken_logged.add(layer.prefix)
+        log.warning("custom_ops: layer %s stays vLLM's: npu_fused_gdn_decode does not take "
+                    "activations %s with a %s state, K = %d (docs/spec.md)", layer.prefix,
+                    mixed_qkv.dtype, pool.dtype, k)
+    return takes
 
 
 # ---- layout ----------------------------------------------------------------------------------
@@ -190,6 +214,12 @@ def _gdn_attention_core(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tenso
     if m.num_actual_tokens == 0:
         return
     pool = layer.kv_cache[1]
+    if not _op_takes(layer, mixed_qkv):
+        # Left to vLLM whole, its layout untouched: the dtypes and sizes are the engine's
+        # for its whole life, so this layer never reaches our op.
+        STATS["untaken_calls"] += 1
+        vllm_gdn.cpu_gdn_attention_core(mixed_qkv, b, a, core_attn_out, layer.prefix)
+        return
     check = check_enabled()
     pure_decode = (m.num_prefills == 0 and m.num_spec_decodes == 0 and m.num_decodes > 0
                    and m.spec_sequence_masks is None and not _wide_conv_state(layer))
@@ -271,14 +301,6 @@ def _decode(layer, m, mixed_qkv, b, a, core_attn_out, pool, check):
 
 # ---- CUDA route (experimental) ---------------------------------------------------------------
 
-_OP_DTYPES = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
-              (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16)}
-
-
-def _cuda_decode_supported(layer, mixed_qkv) -> bool:
-    pool = layer.kv_cache[1]
-    return ((mixed_qkv.dtype, pool.dtype) in _OP_DTYPES and 64 <= layer.head_k_dim <= 2032
-            and pool[0].is_contiguous())
 
 
 def _cuda_packed_decode(layer, mixed_qkv, b, a, core_attn_out, m):
