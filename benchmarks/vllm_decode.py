@@ -9,15 +9,15 @@ Per call: Qwen3-Next GDN shapes (H=16, Hv=32, K=V=128), B = 1..64, fp32 and bf16
 thread, a paged pool in vLLM's page layout for ours (slot stride > Hv*V*K) and vLLM's own
 K-major view for its kernel. Each side gets the inputs its engine path gives it (vLLM's: q, k, v
 split and made contiguous as rearrange_mixed_qkv does; ours: the packed conv output); both are
-first checked against the reference (output and state), then timed interleaved (benchmarks._harness), medians.
+first checked against the reference (output and state), then timed interleaved
+(benchmarks._harness), medians.
 
 Engine: decode tokens/s of vLLM's CPU engine (tests/vllm_driver.py, in-process engine, check mode
 off) on a random Qwen3-Next whose two GDN layers have Qwen3-Next's shapes (H=16, Hv=32, K=V=128)
 around a small rest (hidden 128, one attention layer, 2 tiny experts), so that the GDN state
 traffic is a real model's per layer: --engine-batch requests of 8 prompt tokens in one batch.
-Decode tokens/s: the time of generating --engine-tokens tokens each minus that of generating
-SHORT tokens (same prompts, both after a warm-up), which leaves the decode steps between (vLLM's
-prefill, the same code in both runs, costs more than many decode steps on CPU). Plugin off and on
+Decode: the median wall time of the engine steps that decode all rows (vLLM's prefill, the same
+code in both runs, costs more than many decode steps on CPU, and is left out). Plugin off and on
 alternate, --engine-runs times each, every run a fresh process.
 """
 
@@ -36,8 +36,6 @@ from benchmarks._harness import time_calls
 H, HV, K, V = 16, 32, 128, 128
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # tests/vllm_driver.py's model options for the engine table: Qwen3-Next's GDN layer shapes.
-# Tokens of the short generation whose time is subtracted from the long one's.
-SHORT = 8
 ENGINE_MODEL = ("--family", "qwen3_next", "--key-heads", str(H), "--value-heads", str(HV),
                 "--linear-head-dim", str(K), "--hidden", "128")
 
@@ -115,7 +113,7 @@ def engine(batch, tokens, runs, state_dtype):
             "--lengths", ",".join(["8"] * batch), "--max-num-seqs", str(batch),
             "--max-num-batched-tokens", str(max(32, 8 * batch)),
             "--max-model-len", str(8 + tokens + 8), "--max-tokens", str(tokens),
-            "--max-tokens-step", "0", "--warmup", str(SHORT)]
+            "--max-tokens-step", "0", "--warmup", "4"]
     results = {False: [], True: []}
     for _ in range(runs):
         for plugin in (False, True):
@@ -142,7 +140,7 @@ def main():
                    help="seconds of calls per side and batch size")
     p.add_argument("--no-engine", action="store_true")
     p.add_argument("--engine-batch", type=int, default=32)
-    p.add_argument("--engine-tokens", type=int, default=56)
+    p.add_argument("--engine-tokens", type=int, default=48)
     p.add_argument("--engine-runs", type=int, default=3)
     p.add_argument("--engine-state", default="float32", choices=["float32", "bfloat16"])
     args = p.parse_args()
@@ -157,25 +155,33 @@ def main():
         return
     r = engine(args.engine_batch, args.engine_tokens, args.engine_runs, args.engine_state)
     x = r[False][0]
-    steps = args.engine_tokens - SHORT
     print(f"\nEngine: random Qwen3-Next, 2 GDN layers H={H} Hv={HV} K=V={K} + 1 attention layer, "
           f"hidden 128; {args.engine_state} state; {args.engine_batch} requests x 8 prompt "
-          f"tokens in one batch; {x['threads']} threads. Decode: the time of generating "
-          f"{args.engine_tokens} tokens each minus that of generating {SHORT} (same prompts, "
-          f"after a warm-up), i.e. {steps} decode steps of {args.engine_batch} rows; plugin off "
-          f"and on alternate, a fresh process each")
-    print("| run | vLLM alone: ms/step | tokens/s | with the plugin: ms/step | tokens/s | speed-up |")
+          f"tokens, {args.engine_tokens} generated each, in one batch; {x['threads']} threads; "
+          f"median of the engine steps that decode all {args.engine_batch} rows "
+          f"(vLLM's EngineCore.step, wall clock); plugin off and on alternate, a fresh process "
+          f"each")
+    print("| run | vLLM alone: ms/step | decode tokens/s | with the plugin: ms/step "
+          "| decode tokens/s | speed-up |")
     print("| --- | --- | --- | --- | --- | --- |")
-    rates = {k: [args.engine_batch * steps / (x["seconds"] - x["short_seconds"]) for x in v]
-             for k, v in r.items()}
+    step = {k: [decode_step(x, args.engine_batch) for x in v] for k, v in r.items()}
 
     def row(name, off, on):
-        ms = [1e3 * args.engine_batch / rate for rate in (off, on)]
-        print(f"| {name} | {ms[0]:.1f} | {off:.1f} | {ms[1]:.1f} | {on:.1f} | {on / off:.2f}x |")
+        b = args.engine_batch
+        print(f"| {name} | {off * 1e3:.1f} | {b / off:.0f} | {on * 1e3:.1f} | {b / on:.0f} | "
+              f"{off / on:.2f}x |")
 
-    for i, (off, on) in enumerate(zip(rates[False], rates[True]), 1):
+    for i, (off, on) in enumerate(zip(step[False], step[True]), 1):
         row(str(i), off, on)
-    row("median", statistics.median(rates[False]), statistics.median(rates[True]))
+    row("median", statistics.median(step[False]), statistics.median(step[True]))
+
+
+def decode_step(result, batch):
+    """Median seconds of a run's engine steps that decode every one of its rows."""
+    full = [sec for tokens, rows, sec in result["steps"] if tokens == rows == batch]
+    if len(full) < 5:
+        raise RuntimeError(f"only {len(full)} full decode steps: {result['steps']}")
+    return statistics.median(full)
 
 
 if __name__ == "__main__":

@@ -132,6 +132,7 @@ def run(args):
     from vllm.inputs import TokensPrompt
 
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
 
     # Count the scheduler's preemptions (its own code path; only counted here).
     preemptions = []
@@ -142,6 +143,28 @@ def run(args):
         return preempt(self, request, *a, **kw)
 
     Scheduler._preempt_request = counting_preempt
+    # Every engine step of the timed generate(): [tokens scheduled, rows, seconds] (a pure decode
+    # step schedules one token per row; the benchmark times those).
+    steps, scheduled = [], {}
+    schedule = Scheduler.schedule
+
+    def recording_schedule(self, *a, **kw):
+        out = schedule(self, *a, **kw)
+        scheduled.update(tokens=out.total_num_scheduled_tokens,
+                         rows=len(out.num_scheduled_tokens))
+        return out
+
+    core_step = EngineCore.step
+
+    def timed_step(self, *a, **kw):
+        scheduled.clear()
+        t0 = time.perf_counter()
+        r = core_step(self, *a, **kw)
+        if scheduled.get("tokens"):
+            steps.append([scheduled["tokens"], scheduled["rows"], time.perf_counter() - t0])
+        return r
+
+    Scheduler.schedule, EngineCore.step = recording_schedule, timed_step
     if args.ngram:
         _fix_vllm_spec_indices()
     extra = {}
@@ -172,16 +195,11 @@ def run(args):
                        for i, n in enumerate(lengths)]
         params = [SamplingParams(max_tokens=args.max_tokens + args.max_tokens_step * i,
                                  temperature=0.0, ignore_eos=True) for i in range(len(prompts))]
-        short_seconds = None
-        if args.warmup:
-            # First-call costs (kernel selection, allocations) outside the timing; then the same
-            # prompts generating `warmup` tokens, timed: the benchmark subtracts this run (the
-            # prefill, and as many decode steps) from the long one, leaving decode steps alone.
-            short = [SamplingParams(max_tokens=args.warmup, temperature=0.0, ignore_eos=True)]
-            llm.generate(prompts, short * len(prompts), use_tqdm=False)
-            t0 = time.perf_counter()
-            llm.generate(prompts, short * len(prompts), use_tqdm=False)
-            short_seconds = time.perf_counter() - t0
+        if args.warmup:  # first-call costs (kernel selection, allocations) outside the timing
+            llm.generate(prompts, [SamplingParams(max_tokens=args.warmup, temperature=0.0,
+                                                  ignore_eos=True)] * len(prompts),
+                         use_tqdm=False)
+        steps.clear()
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         dt = time.perf_counter() - t0
@@ -192,8 +210,7 @@ def run(args):
         gdn_layers = llm.apply_model(_gdn_layers)[0]
     from custom_ops.integrations import vllm as plugin
 
-    result = dict(plugin.STATS, tokens=tokens, seconds=dt, short_seconds=short_seconds,
-                  token_ids=token_ids,
+    result = dict(plugin.STATS, tokens=tokens, seconds=dt, steps=steps, token_ids=token_ids,
                   preemptions=len(preemptions), preempted=sorted(set(preemptions)),
                   block_size=block_size, architectures=architectures, gdn_layers=gdn_layers,
                   oot_registered="QwenGatedDeltaNetAttention" in op_registry_oot,
@@ -375,7 +392,7 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--family", default="qwen3_next", choices=["qwen3_next", "qwen3_5"])
-    r.add_argument("--state-dtype", default="float32", choices=["float32", "bfloat16"])
+    r.add_argument("--state-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     r.add_argument("--lengths", default="5,40,70,12,90,3")
     r.add_argument("--max-tokens", type=int, default=12)
     r.add_argument("--max-num-seqs", type=int, default=3)
@@ -391,8 +408,7 @@ def main():
     r.add_argument("--max-tokens-step", type=int, default=3,
                    help="request i generates max_tokens + i * this")
     r.add_argument("--warmup", type=int, default=0,
-                   help="tokens of an untimed and a timed short generate() before the main one "
-                        "(0: none)")
+                   help="tokens of an untimed generate() before the timed one (0: none)")
     r.add_argument("--ngram", type=int, default=0, help="ngram speculative tokens (0: off)")
     r.add_argument("--repetitive", action="store_true")
     r.set_defaults(fn=run)
