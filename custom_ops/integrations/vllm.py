@@ -301,8 +301,6 @@ def _decode(layer, m, mixed_qkv, b, a, core_attn_out, pool, check):
 
 # ---- CUDA route (experimental) ---------------------------------------------------------------
 
-
-
 def _cuda_packed_decode(layer, mixed_qkv, b, a, core_attn_out, m):
     """vLLM's ``_forward_core_decode_non_spec`` with our op in place of its Triton
     ``fused_recurrent_gated_delta_rule_packed_decode``: the same conv step (vLLM's
