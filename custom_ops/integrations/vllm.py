@@ -8,7 +8,9 @@ opaque op ``torch.ops.vllm.custom_ops_gdn_attention_core``:
 - a pure decode batch (no prefill, no speculative rows): vLLM's own conv update, then our op's out
   overload on vLLM's pool (slot-strided, no copy), writing vLLM's ``core_attn_out`` in place;
 - any other batch (prefill, chunked prefill mixed with decode, speculative decode): vLLM's own
-  ``cpu_gdn_attention_core``, unchanged.
+  ``cpu_gdn_attention_core``, unchanged;
+- a layer whose dtype pair, K or slots our op does not take: vLLM's own, every batch, its pool
+  never converted.
 
 Layout: vLLM's CPU kernels keep each slot K-major ([Hv][K][V] in memory, ``view(N, Hv, K, V)``);
 our op reads [Hv][V][K]. The plugin owns the pool in [V][K]: before a non-decode batch it
