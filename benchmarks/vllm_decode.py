@@ -36,8 +36,9 @@ from benchmarks._harness import time_calls
 H, HV, K, V = 16, 32, 128, 128
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # tests/vllm_driver.py's model options for the engine table: Qwen3-Next's GDN layer shapes.
+ENGINE_HIDDEN = 128
 ENGINE_MODEL = ("--family", "qwen3_next", "--key-heads", str(H), "--value-heads", str(HV),
-                "--linear-head-dim", str(K), "--hidden", "128")
+                "--linear-head-dim", str(K), "--hidden", str(ENGINE_HIDDEN))
 
 
 def per_call(batches, min_time):
@@ -108,7 +109,8 @@ def per_call(batches, min_time):
 
 
 def engine(batch, tokens, runs, state_dtype):
-    """Tokens/s of each run, plugin off and on alternating, each a fresh process."""
+    """The driver's results, {plugin on: [run, ...]}: plugin off and on alternating, each run
+    a fresh process."""
     args = ["run", *ENGINE_MODEL, "--state-dtype", state_dtype,
             "--lengths", ",".join(["8"] * batch), "--max-num-seqs", str(batch),
             "--max-num-batched-tokens", str(max(32, 8 * batch)),
@@ -156,8 +158,9 @@ def main():
     r = engine(args.engine_batch, args.engine_tokens, args.engine_runs, args.engine_state)
     x = r[False][0]
     print(f"\nEngine: random Qwen3-Next, 2 GDN layers H={H} Hv={HV} K=V={K} + 1 attention layer, "
-          f"hidden 128; {args.engine_state} state; {args.engine_batch} requests x 8 prompt "
-          f"tokens, {args.engine_tokens} generated each, in one batch; {x['threads']} threads; "
+          f"hidden {ENGINE_HIDDEN}; {args.engine_state} state; {args.engine_batch} requests x 8 "
+          f"prompt tokens, {args.engine_tokens} generated each, in one batch; {x['threads']} "
+          f"threads; "
           f"median of the engine steps that decode all {args.engine_batch} rows "
           f"(vLLM's EngineCore.step, wall clock); plugin off and on alternate, a fresh process "
           f"each")

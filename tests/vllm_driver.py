@@ -84,6 +84,10 @@ def _fix_vllm_spec_indices():
     ops.fused_sigmoid_gating_delta_rule_update_cpu = fixed
 
 
+# The torchvision schemas _torchvision_without_cuda defines: the Library must outlive the call.
+_TORCHVISION_SCHEMAS = None
+
+
 def _torchvision_without_cuda():
     """Qwen3.5 only: vLLM's qwen3_5.py imports qwen3_vl, which imports transformers' Qwen2-VL
     image processor, which imports ``torchvision.transforms.v2`` at module level. PyPI's only
@@ -106,7 +110,7 @@ def _torchvision_without_cuda():
     try:
         torch.ops.load_library(lib)
     except OSError:
-        global _TORCHVISION_SCHEMAS  # the Library object must outlive this function
+        global _TORCHVISION_SCHEMAS
         _TORCHVISION_SCHEMAS = torch.library.Library("torchvision", "FRAGMENT")
         for name in ("nms", "qnms"):
             _TORCHVISION_SCHEMAS.define(
