@@ -1,0 +1,267 @@
+// The driver of benchmarks/kernel_ab.py: several builds of the CPU kernel body (kernel_impl.h from
+// different source trees, each compiled under its own CPU_CAPABILITY name AB0, AB1, ..) called on
+// the same inputs, first for their bits (out and state must equal AB0's), then timed interleaved:
+// every repetition calls each build once and an in-place read-modify-write of the same bytes, so
+// the machine's drift hits them alike. Prints one line per (state dtype, B, threads): medians in
+// us, and each build's % of the rmw time.
+//
+// Usage: kernel_ab MODE STATES THREADS BATCHES REPS POOL_BYTES
+//   MODE     dram: fresh slots of a pool of POOL_BYTES every call (the serving case);
+//            cache: the same B slots every call;
+//            l1: one value head of 128 and 512 rows (B = 1, H = Hv = 1, in L1/L2 on 1 thread):
+//                prints ns per row from the difference, the per-call costs cancelled
+//   STATES   comma-separated of fp32, bf16, fp16 (inputs bf16; fp16 for an fp16 state)
+//   THREADS, BATCHES  comma-separated lists
+// Exit status 1 when a build's bits differ from AB0's.
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cpu/kernel.h"
+
+// kernel_ab_builds.inc: AB_BUILD(n) for each build, written by kernel_ab.py.
+namespace custom_ops::cpu {
+#define AB_BUILD(N)                      \
+  template <typename T, typename S>      \
+  void fused_gdn_decode_kernel_AB##N(const GdnParams&);
+#include "kernel_ab_builds.inc"
+#undef AB_BUILD
+}  // namespace custom_ops::cpu
+
+namespace {
+using custom_ops::cpu::GdnParams;
+using Clock = std::chrono::steady_clock;
+
+// Read at run time, so the rmw loop cannot be folded away.
+volatile uint32_t g_zero = 0;
+
+template <typename T, typename S>
+std::vector<void (*)(const GdnParams&)> builds() {
+  std::vector<void (*)(const GdnParams&)> v;
+#define AB_BUILD(N) v.push_back(&custom_ops::cpu::fused_gdn_decode_kernel_AB##N<T, S>);
+#include "kernel_ab_builds.inc"
+#undef AB_BUILD
+  return v;
+}
+
+std::vector<int> int_list(const char* s) {
+  std::vector<int> v;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stoi(item));
+  return v;
+}
+
+struct Shape {
+  int B, H, Hv, K, V;
+};
+
+// One problem: inputs, a pool, a slot rotation; run(k) calls build k on the next B slots.
+template <typename T, typename S>
+class Problem {
+ public:
+  Problem(const Shape& sh, bool fresh_slots, size_t pool_bytes)
+      : sh_(sh), fresh_(fresh_slots), ks_(builds<T, S>()) {
+    const int W = 2 * sh.H * sh.K + sh.Hv * sh.V;
+    slot_ = size_t(sh.Hv) * sh.V * sh.K;
+    slots_ = fresh_slots ? std::max<size_t>(pool_bytes / (slot_ * sizeof(S)), 2 * sh.B) + 1
+                         : size_t(sh.B) + 1;
+    state_.resize(slots_ * slot_);
+    std::mt19937 gen(1);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (auto& x : state_) x = S(0.1f * normal(gen));
+    qkv_.resize(size_t(sh.B) * W);
+    a_.resize(sh.B * sh.Hv);
+    b_.resize(sh.B * sh.Hv);
+    dt_bias_.resize(sh.Hv);
+    for (auto* v : {&qkv_, &a_, &b_, &dt_bias_}) {
+      for (auto& x : *v) x = T(normal(gen));
+    }
+    a_log_.assign(sh.Hv, 0.5f);
+    out_.resize(size_t(sh.B) * sh.Hv * sh.V);
+    order_.resize(slots_ - 1);
+    for (size_t i = 0; i < order_.size(); ++i) order_[i] = int32_t(i + 1);
+    std::shuffle(order_.begin(), order_.end(), gen);
+    idx_.resize(sh.B);
+    p_ = GdnParams{};
+    p_.batch = sh.B;
+    p_.num_heads = sh.H;
+    p_.num_v_heads = sh.Hv;
+    p_.head_k = sh.K;
+    p_.head_v = sh.V;
+    p_.mixed_qkv = qkv_.data();
+    p_.qkv_stride_row = W;
+    p_.qkv_stride_col = 1;
+    p_.a = a_.data();
+    p_.a_stride_row = sh.Hv;
+    p_.a_stride_col = 1;
+    p_.b = b_.data();
+    p_.b_stride_row = sh.Hv;
+    p_.b_stride_col = 1;
+    p_.a_log = a_log_.data();
+    p_.a_log_stride = 1;
+    p_.dt_bias = dt_bias_.data();
+    p_.dt_bias_stride = 1;
+    p_.state = state_.data();
+    p_.state_stride_slot = int64_t(slot_);
+    p_.indices = idx_.data();
+    p_.out = out_.data();
+    p_.scale = 1.f / std::sqrt(float(sh.K));
+    p_.softplus_threshold = 20.f;
+    p_.specialize_k = true;
+  }
+
+  size_t builds_count() const { return ks_.size(); }
+
+  // Whether every build gives AB0's out and state from the same state (three steps).
+  bool same_bits() {
+    next_slots();
+    const std::vector<S> start = state_;
+    std::vector<S> first_state;
+    std::vector<T> first_out;
+    bool same = true;
+    for (size_t k = 0; k < ks_.size(); ++k) {
+      state_ = start;
+      for (int step = 0; step < 3; ++step) ks_[k](p_);
+      if (k == 0) {
+        first_state = state_;
+        first_out = out_;
+      } else if (std::memcmp(first_state.data(), state_.data(), state_.size() * sizeof(S)) ||
+                 std::memcmp(first_out.data(), out_.data(), out_.size() * sizeof(T))) {
+        std::printf("build %zu: bits differ from build 0\n", k);
+        same = false;
+      }
+    }
+    return same;
+  }
+
+  // Seconds of one call of build k (k == builds_count(): the rmw), on the next B slots.
+  double time(size_t k) {
+    next_slots();
+    const auto t0 = Clock::now();
+    if (k < ks_.size()) {
+      ks_[k](p_);
+    } else {
+      rmw();
+    }
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+ private:
+  void next_slots() {
+    for (int i = 0; i < sh_.B; ++i) {
+      idx_[i] = fresh_ ? order_[cursor_++ % order_.size()] : i + 1;
+    }
+  }
+
+  // x |= 0 over the B slots' state, split over the threads by value head as the kernel splits it.
+  void rmw() {
+    const uint32_t zero = g_zero;
+    const size_t words = slot_ * sizeof(S) / 4 / sh_.Hv;
+    at::parallel_for(0, int64_t(sh_.B) * sh_.Hv, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t t = lo; t < hi; ++t) {
+        uint32_t* w = reinterpret_cast<uint32_t*>(state_.data() + idx_[t / sh_.Hv] * slot_) +
+                      (t % sh_.Hv) * words;
+        for (size_t e = 0; e < words; ++e) w[e] |= zero;
+      }
+    });
+  }
+
+  Shape sh_;
+  bool fresh_;
+  std::vector<void (*)(const GdnParams&)> ks_;
+  size_t slot_ = 0, slots_ = 0, cursor_ = 0;
+  std::vector<S> state_;
+  std::vector<T> qkv_, a_, b_, dt_bias_, out_;
+  std::vector<float> a_log_;
+  std::vector<int32_t> order_, idx_;
+  GdnParams p_;
+};
+
+// Median seconds per build (rmw last), interleaved over reps repetitions after two warm-up ones.
+template <typename T, typename S>
+std::vector<double> medians(Problem<T, S>& problem, int reps) {
+  std::vector<std::vector<double>> t(problem.builds_count() + 1);
+  for (int rep = 0; rep < reps + 2; ++rep) {
+    for (size_t k = 0; k < t.size(); ++k) {
+      const double s = problem.time(k);
+      if (rep >= 2) t[k].push_back(s);
+    }
+  }
+  std::vector<double> m;
+  for (auto& v : t) {
+    std::sort(v.begin(), v.end());
+    m.push_back(v[v.size() / 2]);
+  }
+  return m;
+}
+
+template <typename T, typename S>
+bool report(const char* name, const char* mode, const std::vector<int>& threads,
+            const std::vector<int>& batches, int reps, size_t pool_bytes) {
+  if (!std::strcmp(mode, "l1")) {
+    at::set_num_threads(1);
+    Problem<T, S> small({1, 1, 1, 128, 128}, false, 0), large({1, 1, 1, 128, 512}, false, 0);
+    if (!small.same_bits() || !large.same_bits()) return false;
+    const auto a = medians(small, reps * 40), b = medians(large, reps * 20);
+    std::printf("%-5s l1    1 thread, ns per row:", name);
+    for (size_t k = 0; k + 1 < a.size(); ++k) std::printf("  AB%zu %6.2f", k, (b[k] - a[k]) / 384 * 1e9);
+    std::printf("  | rmw %6.2f\n", (b.back() - a.back()) / 384 * 1e9);
+    return true;
+  }
+  const bool fresh = !std::strcmp(mode, "dram");
+  for (int th : threads) {
+    for (int B : batches) {
+      at::set_num_threads(th);
+      Problem<T, S> problem({B, 16, 32, 128, 128}, fresh, pool_bytes);
+      if (!problem.same_bits()) return false;
+      const auto m = medians(problem, reps);
+      std::printf("%-5s %-5s B=%-3d threads=%d  rmw %8.1f us |", name, mode, B, th, m.back() * 1e6);
+      for (size_t k = 0; k + 1 < m.size(); ++k) {
+        std::printf("  AB%zu %8.1f us %5.1f%%", k, m[k] * 1e6, 100 * m.back() / m[k]);
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 7) {
+    std::fprintf(stderr, "usage: %s MODE STATES THREADS BATCHES REPS POOL_BYTES\n", argv[0]);
+    return 2;
+  }
+  const char* mode = argv[1];
+  const std::string states = argv[2];
+  const auto threads = int_list(argv[3]), batches = int_list(argv[4]);
+  const int reps = std::atoi(argv[5]);
+  const size_t pool = std::strtoull(argv[6], nullptr, 10);
+  bool ok = true;
+  std::stringstream in(states);
+  for (std::string s; std::getline(in, s, ',');) {
+    if (s == "fp32") {
+      ok = report<c10::BFloat16, float>("fp32", mode, threads, batches, reps, pool) && ok;
+    } else if (s == "bf16") {
+      ok = report<c10::BFloat16, c10::BFloat16>("bf16", mode, threads, batches, reps, pool) && ok;
+    } else if (s == "fp16") {
+      ok = report<c10::Half, c10::Half>("fp16", mode, threads, batches, reps, pool) && ok;
+    } else {
+      std::fprintf(stderr, "unknown state dtype %s\n", s.c_str());
+      return 2;
+    }
+  }
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,62 @@
+"""benchmarks/kernel_ab.py, the A/B of kernel sources: it builds, times, and refuses a source whose
+bits differ from the first one's.
+
+The second source is a labelled test double: a copy of csrc whose AVX2 fp16 stores round toward
+zero instead of to nearest even, so its fp16 states differ while its bf16 ones do not.
+"""
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                                reason="builds the avx2 variant")
+
+NEAREST = "static constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;"
+TOWARD_ZERO = "static constexpr int kRound = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;"
+
+
+def _fp16_rounding_toward_zero(tmp_path):
+    """A copy of csrc whose AVX2 fp16 stores round toward zero."""
+    shutil.copytree(ROOT / "csrc", tmp_path / "csrc")
+    vec = tmp_path / "csrc" / "cpu" / "vec.h"
+    text = vec.read_text()
+    avx2 = text.index("#elif defined(CPU_CAPABILITY_AVX2)\n// Partial blocks")
+    assert text.count(NEAREST, avx2) == 1, "vec.h's AVX2 fp16 rounding moved: update the double"
+    vec.write_text(text[:avx2] + text[avx2:].replace(NEAREST, TOWARD_ZERO))
+    return tmp_path
+
+
+def test_kernel_ab_times_equal_bits_and_refuses_different_ones(tmp_path):
+    other = _fp16_rounding_toward_zero(tmp_path / "other")
+    env = dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", "2"))
+    r = subprocess.run(
+        [sys.executable, "-m", "benchmarks.kernel_ab", str(ROOT), str(other), "--isa", "avx2",
+         "--mode", "l1,cache", "--states", "bf16,fp16", "--threads", "1", "--batch", "2",
+         "--reps", "3", "--build-dir", str(tmp_path / "build")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    out = r.stdout
+    assert r.returncode == 1, out + r.stderr
+    lines = out.splitlines()
+    # bf16: the same bits, so both builds are timed in both modes.
+    timed = [l for l in lines if l.startswith("bf16 ")]
+    assert len(timed) == 2, out
+    l1, cache = timed
+    assert "AB0" in l1 and "AB1" in l1 and "rmw" in l1, out
+    assert cache.startswith("bf16  cache B=2") and cache.count("%") == 2, out
+    # fp16: refused before any timing, in both modes.
+    assert out.count("build 1: bits differ from build 0") == 2, out
+    assert not [l for l in lines if l.startswith("fp16 ")], out
+
+
+def test_kernel_ab_rejects_unknown_source():
+    r = subprocess.run([sys.executable, "-m", "benchmarks.kernel_ab", "no-such-revision-xyz"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "neither a directory nor a git revision" in r.stderr
