@@ -79,10 +79,22 @@ constexpr int64_t kPrefetchBytes = 4096;
 // dot, horizontal sum) overlap. AVX-512 has 32 registers of a whole block each and keeps four
 // rows' accumulators of both passes in them; with 16 (AVX2) more than one row spills. The bits do
 // not depend on it.
+//
+// kWidenOnce: whether pass one keeps a 16-bit state's widened rows for pass two (RowGroups).
+// Where widening costs a shuffle on the FMA ports (AVX-512) or a conversion per element
+// (portable), a store and a reload are cheaper. AVX2 widens with one shift or and per vector
+// (bf16) or one vcvtph2ps (fp16): widening again took 16-19 % fewer ns per row in L1/L2 on AMD
+// Zen 3 than the ring's extra stores and reloads, and came 2-10 points nearer rmw from DRAM
+// (docs/bench_ab_avx2_widen.txt). The bits do not depend on it either.
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int kGroupRows = 4;
+constexpr bool kWidenOnce = true;
+#elif defined(CPU_CAPABILITY_AVX2)
+constexpr int kGroupRows = 1;
+constexpr bool kWidenOnce = false;
 #else
 constexpr int kGroupRows = 1;
+constexpr bool kWidenOnce = true;
 #endif
 
 // Lanes of the last partial block (K % kBlock elements) that hold real elements: all bits set
@@ -172,14 +184,22 @@ struct HeadVectors {
 template <typename S, int kGroupSize, int kHeadK, typename T>
 class RowGroups {
  public:
+  // A 16-bit state's rows are widened once where kWidenOnce: pass one keeps its fp32 blocks in an
+  // L1 ring of three groups (group n in ring slot n % 3; pass one runs two groups ahead of pass
+  // two), which pass two reads instead of widening the state again. Widening is exact, so the bits
+  // are the same either way.
+  static constexpr bool kKeepWidened = kWidenOnce && !std::is_same_v<S, float>;
+
   // Floats of one slot of the ring of widened rows: a block more than a group's rows, so that the
   // slot pass one writes is never a multiple of 4 KiB away from the one pass two reads (a load
   // after a store with the same low 12 address bits waits for it).
   static int64_t ring_slot(int64_t head_k) {
     return kGroupSize * round_up(head_k, kBlock) + kBlock;
   }
+  // Floats of the whole ring (none where rows are not kept widened).
+  static int64_t ring_floats(int64_t head_k) { return kKeepWidened ? 3 * ring_slot(head_k) : 0; }
 
-  // widened: room for 3 * ring_slot(head_k) floats (16-bit states only).
+  // widened: room for ring_floats(head_k) floats.
   RowGroups(S* rows, int64_t head_k, const HeadVectors<T>& h, float* widened)
       : s_(rows), head_k_(head_k), h_(h), decay_(blk_set1(h.decay)), widened_(widened) {}
 
@@ -207,11 +227,6 @@ class RowGroups {
 
  private:
   static constexpr int R = kGroupSize;
-  // A 16-bit state's rows are widened once: pass one keeps its fp32 blocks in an L1 ring of three
-  // groups (group n in ring slot n % 3; pass one runs two groups ahead of pass two), which pass
-  // two reads instead of widening the state again. Widening is exact, so the bits are the same;
-  // it takes shuffle or conversion micro-ops off the FMA ports for a store.
-  static constexpr bool kKeepWidened = !std::is_same_v<S, float>;
 
   // K: a compile-time constant where kHeadK is, so that row and block offsets are immediates.
   int64_t K() const { return kHeadK != 0 ? kHeadK : head_k_; }
@@ -442,8 +457,8 @@ void run_k(const GdnParams& p) {
   at::parallel_for(0, B * Hv, grain, [&](int64_t lo, int64_t hi) {
     // q, k, then exp(g) k of the current task; then RowGroups' ring of widened rows, 64-byte
     // aligned.
-    constexpr bool kWiden = !std::is_same_v<S, float>;
-    const int64_t ring = kWiden ? 3 * RowGroups<S, kGroupRows, KC, T>::ring_slot(K) : 0;
+    const int64_t ring = std::max(RowGroups<S, kGroupRows, KC, T>::ring_floats(K),
+                                  RowGroups<S, 1, KC, T>::ring_floats(K));
     std::unique_ptr<float[]> qk(new float[3 * Kp + ring + kBlock]);
     float* widened = reinterpret_cast<float*>(
         (reinterpret_cast<uintptr_t>(qk.get() + 3 * Kp) + 63) & ~uintptr_t{63});
