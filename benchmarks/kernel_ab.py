@@ -8,7 +8,8 @@ set (``--isa``, default: the one the op picks here) under its own CPU_CAPABILITY
 .. in the order given) and linked into one program (benchmarks/kernel_ab.cpp) that
 
 - calls every build on the same inputs and state first, and stops (exit status 1) if one's output
-  or updated state differs from AB0's by a bit;
+  or updated state differs from AB0's by a bit (``--no-bit-check``: says so and times it anyway,
+  for what-if builds that drop work on purpose);
 - then times them interleaved with an in-place read-modify-write of the same bytes: every
   repetition calls each build once and the rmw once, so a shared machine's drift hits all alike.
 
@@ -61,6 +62,8 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=25, help="timed repetitions per line")
     p.add_argument("--cache-bytes", type=int, default=None,
                    help="last-level cache size to size the DRAM pool by (default: ask the OS)")
+    p.add_argument("--no-bit-check", action="store_true",
+                   help="time builds whose bits differ from AB0's (what-if experiments)")
     p.add_argument("--build-dir", default=None, help="where to build (default: a temporary one)")
     args = p.parse_args(argv)
     for mode in args.mode.split(","):
@@ -169,7 +172,7 @@ def main(argv=None):
         status = 0
         for mode in args.mode.split(","):
             r = subprocess.run([exe, mode, args.states, args.threads, args.batch, str(args.reps),
-                                str(POOL_OVER_CACHE * cache)])
+                                str(POOL_OVER_CACHE * cache), "0" if args.no_bit_check else "1"])
             status = status or r.returncode
         return status
     finally:

@@ -1,5 +1,5 @@
 """benchmarks/kernel_ab.py, the A/B of kernel sources: it builds, times, and refuses a source whose
-bits differ from the first one's.
+bits differ from the first one's unless told to time it anyway.
 
 The second source is a labelled test double: a copy of csrc whose AVX2 fp16 stores round toward
 zero instead of to nearest even, so its fp16 states differ while its bf16 ones do not.
@@ -53,6 +53,16 @@ def test_kernel_ab_times_equal_bits_and_refuses_different_ones(tmp_path):
     # fp16: refused before any timing, in both modes.
     assert out.count("build 1: bits differ from build 0") == 2, out
     assert not [l for l in lines if l.startswith("fp16 ")], out
+
+    # --no-bit-check: said, and timed anyway.
+    r = subprocess.run(
+        [sys.executable, "-m", "benchmarks.kernel_ab", str(ROOT), str(other), "--isa", "avx2",
+         "--mode", "l1", "--states", "fp16", "--reps", "3", "--no-bit-check",
+         "--build-dir", str(tmp_path / "build")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "build 1: bits differ from build 0 (timed anyway)" in r.stdout, r.stdout
+    assert [l for l in r.stdout.splitlines() if l.startswith("fp16  l1")], r.stdout
 
 
 def test_kernel_ab_rejects_unknown_source():
