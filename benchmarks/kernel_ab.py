@@ -72,6 +72,12 @@ def parse_args(argv=None):
     for state in args.states.split(","):
         if state not in STATES:
             p.error(f"--states: expected a comma-separated list of {STATES}, got {state!r}")
+    for name in ("threads", "batch"):
+        value = getattr(args, name)
+        if not all(x.isdigit() and int(x) > 0 for x in value.split(",")):
+            p.error(f"--{name}: expected comma-separated positive integers, got {value!r}")
+    if args.reps < 1:
+        p.error(f"--reps: expected a positive integer, got {args.reps}")
     return args
 
 
@@ -81,12 +87,18 @@ def _git(*args):
 
 
 def materialise(source, dest):
-    """The csrc directory of `source` (a directory, or a git revision exported into dest)."""
+    """(the csrc directory of `source`, a label naming it): a directory as it is, or a git
+    revision exported into dest."""
     if os.path.isdir(source):
         csrc = os.path.join(source, "csrc")
         if not os.path.isfile(os.path.join(csrc, "cpu", "kernel_impl.h")):
             raise SystemExit(f"kernel_ab: {source} has no csrc/cpu/kernel_impl.h")
-        return os.path.abspath(csrc)
+        label = source
+        if os.path.samefile(source, ROOT):
+            changed = _git("status", "--porcelain", "--", "csrc").strip()
+            label = (f"{source} (the working tree: {_git('rev-parse', '--short', 'HEAD').strip()}"
+                     f"{' with uncommitted csrc changes' if changed else ''})")
+        return os.path.abspath(csrc), label
     try:
         commit = _git("rev-parse", "--verify", f"{source}^{{commit}}").strip()
     except subprocess.CalledProcessError:
@@ -95,7 +107,8 @@ def materialise(source, dest):
     archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "csrc/cpu"], check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
-    return os.path.join(dest, "csrc")
+    named = commit.startswith(source.lower())
+    return os.path.join(dest, "csrc"), source if named else f"{source} ({commit[:7]})"
 
 
 def _params_struct(csrc):
@@ -107,7 +120,8 @@ def _params_struct(csrc):
 
 
 def build(args, workdir):
-    """Compiles every source's kernel body and the driver; the program's path."""
+    """Compiles every source's kernel body and the driver: (the program, the variant, a label
+    per source)."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
     import torch
@@ -122,7 +136,8 @@ def build(args, workdir):
     torch_flags = [f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
                    *[f"-I{p}" for p in include_paths()]]
     here = os.path.join(ROOT, "csrc")
-    csrcs = [materialise(s, os.path.join(workdir, f"src{i}")) for i, s in enumerate(args.sources)]
+    csrcs, labels = zip(*[materialise(s, os.path.join(workdir, f"src{i}"))
+                          for i, s in enumerate(args.sources)])
     for source, csrc in zip(args.sources, csrcs):
         if _params_struct(csrc) != _params_struct(here):
             raise SystemExit(f"kernel_ab: {source}'s GdnParams (csrc/cpu/kernel.h) differs from "
@@ -150,7 +165,7 @@ def build(args, workdir):
                     os.path.join(workdir, "driver.o"), "-fopenmp",
                     *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
                     "-lc10", "-ltorch_cpu", "-o", exe], check=True)
-    return exe, isa
+    return exe, isa, labels
 
 
 def main(argv=None):
@@ -164,9 +179,9 @@ def main(argv=None):
     workdir = args.build_dir or tempfile.mkdtemp(prefix="kernel_ab-")
     os.makedirs(workdir, exist_ok=True)
     try:
-        exe, isa = build(args, workdir)
-        for i, source in enumerate(args.sources):
-            print(f"AB{i}: {source}")
+        exe, isa, labels = build(args, workdir)
+        for i, label in enumerate(labels):
+            print(f"AB{i}: {label}")
         print(f"{isa}; DRAM pool {POOL_OVER_CACHE} x {cache >> 20} MiB ({where}); "
               f"% = rmw time / build time", flush=True)
         status = 0

@@ -83,7 +83,7 @@ constexpr int64_t kPrefetchBytes = 4096;
 // kWidenOnce: whether pass one keeps a 16-bit state's widened rows for pass two (RowGroups).
 // Where widening costs a shuffle on the FMA ports (AVX-512) or a conversion per element
 // (portable), a store and a reload are cheaper. AVX2 widens with one shift or and per vector
-// (bf16) or one vcvtph2ps (fp16): widening again took 16-19 % fewer ns per row in L1/L2 on AMD
+// (bf16) or one vcvtph2ps (fp16): widening again took 16-21 % fewer ns per row in L1/L2 on AMD
 // Zen 3 than the ring's extra stores and reloads, and came 2-10 points nearer rmw from DRAM
 // (docs/bench_ab_avx2_widen.txt). The bits do not depend on it either.
 #if defined(CPU_CAPABILITY_AVX512)
