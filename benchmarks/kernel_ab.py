@@ -153,9 +153,10 @@ def build(args, workdir):
     jobs.append([cxx, *BASE_FLAGS, *isa_flags, f"-I{workdir}", f"-I{here}", *torch_flags, "-c",
                  os.path.join(ROOT, "benchmarks", "kernel_ab.cpp"), "-o",
                  os.path.join(workdir, "driver.o")])
+    jobs_at_once = int(os.environ.get("MAX_JOBS", 2))
     print(f"kernel_ab: compiling {len(csrcs)} build(s) for {isa} ({' '.join(isa_flags)}), "
-          f"{int(os.environ.get('MAX_JOBS', 2))} at a time", flush=True)
-    with ThreadPoolExecutor(max_workers=int(os.environ.get("MAX_JOBS", 2))) as pool:
+          f"{jobs_at_once} at a time", flush=True)
+    with ThreadPoolExecutor(max_workers=jobs_at_once) as pool:
         for r in pool.map(lambda cmd: subprocess.run(cmd, capture_output=True, text=True), jobs):
             if r.returncode:
                 raise SystemExit(f"kernel_ab: compiling failed:\n{' '.join(r.args)}\n{r.stderr}")
