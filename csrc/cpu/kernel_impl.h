@@ -75,10 +75,18 @@ inline int64_t round_up(int64_t x, int64_t m) {
 // hardware prefetcher alone keeps when the state streams from DRAM.
 constexpr int64_t kPrefetchBytes = 4096;
 
-// Rows updated together (one group). Their dependency chains (dot, horizontal sum, delta, update,
-// dot, horizontal sum) overlap. AVX-512 has 32 registers of a whole block each and keeps four
-// rows' accumulators of both passes in them; with 16 (AVX2) more than one row spills. The bits do
-// not depend on it.
+// kGroupRows<S>: rows updated together (one group). A group's scalar tail (horizontal sums, v,
+// deltas, the finite test, the outputs) is one vector step for four rows (Quad) instead of four
+// scalar ones. kSerialRows: whether the group's rows run their block loops one after another
+// (one row's accumulators live at a time) instead of interleaved block by block (the dependency
+// chains of four rows overlap).
+// - AVX-512 has 32 registers of a whole block each and keeps four rows' accumulators of both
+//   passes in them: interleaved.
+// - AVX2, with 16, spills when more than one row is live, so its rows run serially: for a 16-bit
+//   state the shared tail took 15-25 % fewer ns per row in L1/L2 on AMD Zen 3 than single rows,
+//   and came nearer rmw from DRAM (docs/bench_ab_avx2_rows.txt); for fp32 it was 2-3 ns per row
+//   slower, so fp32 keeps single rows.
+// The bits depend on neither.
 //
 // kWidenOnce: whether pass one keeps a 16-bit state's widened rows for pass two (RowGroups).
 // Where widening costs a shuffle on the FMA ports (AVX-512) or a conversion per element
@@ -87,13 +95,19 @@ constexpr int64_t kPrefetchBytes = 4096;
 // Zen 3 than the ring's extra stores and reloads, and came 2-10 points nearer rmw from DRAM
 // (docs/bench_ab_avx2_widen.txt). The bits do not depend on it either.
 #if defined(CPU_CAPABILITY_AVX512)
+template <typename S>
 constexpr int kGroupRows = 4;
+constexpr bool kSerialRows = false;
 constexpr bool kWidenOnce = true;
 #elif defined(CPU_CAPABILITY_AVX2)
-constexpr int kGroupRows = 1;
+template <typename S>
+constexpr int kGroupRows = std::is_same_v<S, float> ? 1 : 4;
+constexpr bool kSerialRows = true;
 constexpr bool kWidenOnce = false;
 #else
+template <typename S>
 constexpr int kGroupRows = 1;
+constexpr bool kSerialRows = false;
 constexpr bool kWidenOnce = true;
 #endif
 
@@ -175,9 +189,12 @@ struct HeadVectors {
 // pass one (the dot products u) and pass two (the update and the output). Pass one of group n + 2
 // runs interleaved with pass two of group n, so a group's reductions and scalar deltas have a
 // whole group's vector work to hide behind before pass two needs them; two groups' deltas are in
-// flight (group n's in slot n % 2). kHeadK is K when known at compile time (the block loops
-// unroll), else 0. Every row's arithmetic and its order are the same whatever kHeadK, kGroupSize,
-// the interleaving or the ISA.
+// flight (group n's in slot n % 2). With kSerialRows, row r's pass two runs with pass one of row
+// (r + 1) % kGroupSize of group n + 2: the loads then run 2 kGroupSize + 1 rows (or kGroupSize + 1)
+// past the stores, not 2 kGroupSize, which is 4 KiB for many row sizes (a load 4 KiB past a
+// recent store waits for it). kHeadK is K when known at compile time (the block loops unroll),
+// else 0. Every row's arithmetic and its order are the same whatever kHeadK, kGroupSize, the
+// interleaving or the ISA.
 //
 // Every step is always_inline into the one out-of-line update(): the accumulators then stay in
 // registers (the codegen test checks it), which they do not once a step is compiled out of line.
@@ -236,12 +253,14 @@ class RowGroups {
   // The widened rows of group n.
   float* widened(int64_t n) const { return widened_ + (n % 3) * ring_slot(K()); }
 
-  // Pass one over one block of each of the group's rows at `rows`, n <= kBlock elements:
-  // u[r] += s[r][t] * exp(g) k[t], lane-wise (and the widened block kept in `keep`).
+  // Pass one over one block of rows [kFirst, kFirst + kRows) of the group at `rows`, n <= kBlock
+  // elements: u[r] += s[r][t] * exp(g) k[t], lane-wise (and the widened block kept in `keep`).
+  template <int kFirst = 0, int kRows = R>
   __attribute__((always_inline)) void dot_block(const S* rows, float* keep, int64_t t,
                                                 int64_t n) {
     const Blk kb = blk_load(h_.decayed_k + t);
-    for_rows<R>([&](auto r) __attribute__((always_inline)) {
+    for_rows<kRows>([&](auto i) __attribute__((always_inline)) {
+      constexpr int r = kFirst + i;
       const S* p = rows + r * K() + t;
       Blk x;
       if (n == kBlock) {
@@ -309,23 +328,52 @@ class RowGroups {
 
   template <bool kAhead, bool kFinite>
   __attribute__((always_inline)) void update_group(int64_t first, int64_t n) {
+    Blk acc[R];
+    if constexpr (kSerialRows) {
+      for_rows<R>([&](auto r) __attribute__((always_inline)) {
+        update_rows<r, 1, (r + 1) % R, kAhead, kFinite>(first, n, acc);
+      });
+    } else {
+      update_rows<0, R, 0, kAhead, kFinite>(first, n, acc);
+    }
+    if constexpr (kAhead) {
+      finish_dot(first + 2 * R, static_cast<int>(n & 1));
+    }
+    if constexpr (R == 4) {
+      quad_store(h_.out + first, quad_sum_rows(acc));
+    } else {
+      float o[R];
+      sum_rows<R>(acc, o);
+      for_rows<R>([&](auto r) __attribute__((always_inline)) {
+        h_.out[first + r] = static_cast<T>(std::isnan(o[r]) ? kNaN : o[r]);
+      });
+    }
+  }
+
+  // Pass two of rows [kFirst, kFirst + kRows) of group n (at `first`), leaving their outputs'
+  // lane sums in acc; with pass one of rows [kAheadFirst, kAheadFirst + kRows) of group n + 2
+  // when kAhead.
+  template <int kFirst, int kRows, int kAheadFirst, bool kAhead, bool kFinite>
+  __attribute__((always_inline)) void update_rows(int64_t first, int64_t n, Blk (&acc)[R]) {
     const int slot = static_cast<int>(n & 1);
     S* rows = row(first);
     const S* ahead = row(first + 2 * R);
     [[maybe_unused]] const float* mine = widened(n);
     [[maybe_unused]] float* keep_ahead = widened(n + 2);
-    Blk delta[R], acc[R];
-    for_rows<R>([&](auto r) __attribute__((always_inline)) {
+    Blk delta[R];
+    for_rows<kRows>([&](auto i) __attribute__((always_inline)) {
+      constexpr int r = kFirst + i;
       delta[r] = blk_set1(delta_[slot][r]);
       acc[r] = blk_zero();
       if constexpr (kAhead) {
-        u_[r] = blk_zero();
+        u_[kAheadFirst + i] = blk_zero();
       }
     });
     // s[r][t] = exp(g) s[r][t] + delta[r] k[t]; o[r] += s[r][t] q[t], lane-wise.
     auto update_block = [&](int64_t t, int64_t n) __attribute__((always_inline)) {
       const Blk kb = blk_load(h_.k + t), qb = blk_load(h_.q + t);
-      for_rows<R>([&](auto r) __attribute__((always_inline)) {
+      for_rows<kRows>([&](auto i) __attribute__((always_inline)) {
+        constexpr int r = kFirst + i;
         S* p = rows + r * K() + t;
         Blk x;
         if constexpr (kKeepWidened) {
@@ -354,26 +402,14 @@ class RowGroups {
     for_blocks<kHeadK>(full_blocks_end(), [&](int64_t t) __attribute__((always_inline)) {
       update_block(t, kBlock);
       if constexpr (kAhead) {
-        dot_block(ahead, keep_ahead, t, kBlock);
+        dot_block<kAheadFirst, kRows>(ahead, keep_ahead, t, kBlock);
       }
     });
     if (K() % kBlock != 0) {
       update_block(full_blocks_end(), K() % kBlock);
       if constexpr (kAhead) {
-        dot_block(ahead, keep_ahead, full_blocks_end(), K() % kBlock);
+        dot_block<kAheadFirst, kRows>(ahead, keep_ahead, full_blocks_end(), K() % kBlock);
       }
-    }
-    if constexpr (kAhead) {
-      finish_dot(first + 2 * R, slot);
-    }
-    if constexpr (R == 4) {
-      quad_store(h_.out + first, quad_sum_rows(acc));
-    } else {
-      float o[R];
-      sum_rows<R>(acc, o);
-      for_rows<R>([&](auto r) __attribute__((always_inline)) {
-        h_.out[first + r] = static_cast<T>(std::isnan(o[r]) ? kNaN : o[r]);
-      });
     }
   }
 
@@ -438,7 +474,7 @@ void run_k(const GdnParams& p) {
   const int64_t rs = p.qkv_stride_row, cs = p.qkv_stride_col;
   S* state = static_cast<S*>(p.state);
   T* out = static_cast<T*>(p.out);
-  const int64_t grouped = V / kGroupRows * kGroupRows;  // rows in whole groups
+  const int64_t grouped = V / kGroupRows<S> * kGroupRows<S>;  // rows in whole groups
 
   // q and k are kept in the element order the state loads produce (identity unless StateIo<S>
   // reorders), so that s[t] always meets k[t] and q[t].
@@ -457,7 +493,7 @@ void run_k(const GdnParams& p) {
   at::parallel_for(0, B * Hv, grain, [&](int64_t lo, int64_t hi) {
     // q, k, then exp(g) k of the current task; then RowGroups' ring of widened rows, 64-byte
     // aligned.
-    const int64_t ring = std::max(RowGroups<S, kGroupRows, KC, T>::ring_floats(K),
+    const int64_t ring = std::max(RowGroups<S, kGroupRows<S>, KC, T>::ring_floats(K),
                                   RowGroups<S, 1, KC, T>::ring_floats(K));
     std::unique_ptr<float[]> qk(new float[3 * Kp + ring + kBlock]);
     float* widened = reinterpret_cast<float*>(
@@ -492,7 +528,7 @@ void run_k(const GdnParams& p) {
       const HeadVectors<T> head{qk.get(), qk.get() + Kp, decayed_k, decay, beta,
                                 qkv + i * rs + (2 * H * K + j * V) * cs, cs, o, tail_lanes};
       if (grouped > 0) {
-        RowGroups<S, kGroupRows, KC, T>::update(st, K, grouped, head, widened);
+        RowGroups<S, kGroupRows<S>, KC, T>::update(st, K, grouped, head, widened);
       }
       if (grouped < V) {
         HeadVectors<T> rest = head;
