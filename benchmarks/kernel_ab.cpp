@@ -1,8 +1,8 @@
 // The driver of benchmarks/kernel_ab.py: several builds of the CPU kernel body (kernel_impl.h from
 // different source trees, each compiled under its own CPU_CAPABILITY name AB0, AB1, ..) called on
 // the same inputs, first for their bits (out and state must equal AB0's), then timed interleaved:
-// every repetition calls each build once and an in-place read-modify-write of the same bytes, so
-// the machine's drift hits them alike. Prints one line per (state dtype, B, threads): medians in
+// every repetition calls each build once and an in-place read-modify-write of the same bytes, in
+// an order rotated every repetition, so the machine's drift hits them alike. Prints one line per (state dtype, B, threads): medians in
 // us, and each build's % of the rmw time.
 //
 // Usage: kernel_ab MODE STATES THREADS BATCHES REPS POOL_BYTES CHECK
@@ -212,11 +212,14 @@ class Problem {
 };
 
 // Median seconds per build (rmw last), interleaved over reps repetitions after two warm-up ones.
+// Each repetition starts one build later than the one before, so that no build always follows
+// the same one (a call pays for what the call before it left: dirty lines still to write back).
 template <typename T, typename S>
 std::vector<double> medians(Problem<T, S>& problem, int reps) {
   std::vector<std::vector<double>> t(problem.builds_count() + 1);
   for (int rep = 0; rep < reps + 2; ++rep) {
-    for (size_t k = 0; k < t.size(); ++k) {
+    for (size_t j = 0; j < t.size(); ++j) {
+      const size_t k = (j + rep) % t.size();
       const double s = problem.time(k);
       if (rep >= 2) t[k].push_back(s);
     }
