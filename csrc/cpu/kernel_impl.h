@@ -186,15 +186,12 @@ struct HeadVectors {
 // where exp(g) S k does not.
 //
 // Rows go in groups of kGroupSize, and each group in two passes over its state, both hitting L1:
-// pass one (the dot products u) and pass two (the update and the output). Pass one of group n + 2
-// runs interleaved with pass two of group n, so a group's reductions and scalar deltas have a
-// whole group's vector work to hide behind before pass two needs them; two groups' deltas are in
-// flight (group n's in slot n % 2). With kSerialRows, row r's pass two runs with pass one of row
-// (r + 1) % kGroupSize of group n + 2: the loads then run 2 kGroupSize + 1 rows (or kGroupSize + 1)
-// past the stores, not 2 kGroupSize, which is 4 KiB for many row sizes (a load 4 KiB past a
-// recent store waits for it). kHeadK is K when known at compile time (the block loops unroll),
-// else 0. Every row's arithmetic and its order are the same whatever kHeadK, kGroupSize, the
-// interleaving or the ISA.
+// pass one (the dot products u) and pass two (the update and the output). Pass one of group
+// n + kLead runs interleaved with pass two of group n, so that a group's reductions and scalar
+// deltas have vector work to hide behind before pass two needs them; the deltas of groups n and
+// n + kLead are in flight (group n's in slot n % 2). kHeadK is K when known at compile time (the
+// block loops unroll), else 0. Every row's arithmetic and its order are the same whatever kHeadK,
+// kGroupSize, kLead, the interleaving or the ISA.
 //
 // Every step is always_inline into the one out-of-line update(): the accumulators then stay in
 // registers (the codegen test checks it), which they do not once a step is compiled out of line.
@@ -202,9 +199,9 @@ template <typename S, int kGroupSize, int kHeadK, typename T>
 class RowGroups {
  public:
   // A 16-bit state's rows are widened once where kWidenOnce: pass one keeps its fp32 blocks in an
-  // L1 ring of three groups (group n in ring slot n % 3; pass one runs two groups ahead of pass
-  // two), which pass two reads instead of widening the state again. Widening is exact, so the bits
-  // are the same either way.
+  // L1 ring of three groups (group n in ring slot n % 3; pass one runs at most two groups ahead
+  // of pass two), which pass two reads instead of widening the state again. Widening is exact, so
+  // the bits are the same either way.
   static constexpr bool kKeepWidened = kWidenOnce && !std::is_same_v<S, float>;
 
   // Floats of one slot of the ring of widened rows: a block more than a group's rows, so that the
@@ -228,13 +225,13 @@ class RowGroups {
   }
 
   __attribute__((always_inline)) void run(int64_t rows) {
-    // Pass one of the first two groups, then pass two of each group with pass one two ahead.
+    // Pass one of the first kLead groups, then pass two of each group with pass one kLead ahead.
     dot_group(0, 0);
-    if (kGroupSize < rows) {
+    if (kLead == 2 && kGroupSize < rows) {
       dot_group(kGroupSize, 1);
     }
     for (int64_t g = 0, n = 0; g < rows; g += kGroupSize, ++n) {
-      if (g + 2 * kGroupSize < rows) {
+      if (g + kLead * kGroupSize < rows) {
         update_group<true>(g, n);
       } else {
         update_group<false>(g, n);
@@ -244,6 +241,12 @@ class RowGroups {
 
  private:
   static constexpr int R = kGroupSize;
+  // How many groups pass one runs ahead of pass two. Two, so that a group's tail has a whole
+  // group's work to hide behind; one where a group is several rows run one after another: the
+  // tail's latency is then a small part of the group's work, and pass one two groups (eight rows)
+  // ahead came 1-11 points of rmw further from it from DRAM on Zen 3 than one group ahead
+  // (docs/bench_ab_avx2_rows.txt).
+  static constexpr int kLead = kSerialRows && kGroupSize > 1 ? 1 : 2;
 
   // K: a compile-time constant where kHeadK is, so that row and block offsets are immediates.
   int64_t K() const { return kHeadK != 0 ? kHeadK : head_k_; }
@@ -301,7 +304,7 @@ class RowGroups {
     }
   }
 
-  // Pass one of group n (at `first`) on its own (the first two groups).
+  // Pass one of group n (at `first`) on its own (the first kLead groups).
   __attribute__((always_inline)) void dot_group(int64_t first, int64_t n) {
     for_rows<R>([&](auto r) __attribute__((always_inline)) { u_[r] = blk_zero(); });
     const S* rows = row(first);
@@ -315,7 +318,7 @@ class RowGroups {
     finish_dot(first, static_cast<int>(n & 1));
   }
 
-  // Pass two of group n (at `first`), with pass one of group n + 2 when kAhead; the NaN-free
+  // Pass two of group n (at `first`), with pass one of group n + kLead when kAhead; the NaN-free
   // stores where the group's values are known finite.
   template <bool kAhead>
   __attribute__((always_inline)) void update_group(int64_t first, int64_t n) {
@@ -331,13 +334,13 @@ class RowGroups {
     Blk acc[R];
     if constexpr (kSerialRows) {
       for_rows<R>([&](auto r) __attribute__((always_inline)) {
-        update_rows<r, 1, (r + 1) % R, kAhead, kFinite>(first, n, acc);
+        update_rows<r, 1, kAhead, kFinite>(first, n, acc);
       });
     } else {
-      update_rows<0, R, 0, kAhead, kFinite>(first, n, acc);
+      update_rows<0, R, kAhead, kFinite>(first, n, acc);
     }
     if constexpr (kAhead) {
-      finish_dot(first + 2 * R, static_cast<int>(n & 1));
+      finish_dot(first + kLead * R, static_cast<int>((n + kLead) & 1));
     }
     if constexpr (R == 4) {
       quad_store(h_.out + first, quad_sum_rows(acc));
@@ -351,22 +354,21 @@ class RowGroups {
   }
 
   // Pass two of rows [kFirst, kFirst + kRows) of group n (at `first`), leaving their outputs'
-  // lane sums in acc; with pass one of rows [kAheadFirst, kAheadFirst + kRows) of group n + 2
-  // when kAhead.
-  template <int kFirst, int kRows, int kAheadFirst, bool kAhead, bool kFinite>
+  // lane sums in acc; with pass one of the same rows of group n + kLead when kAhead.
+  template <int kFirst, int kRows, bool kAhead, bool kFinite>
   __attribute__((always_inline)) void update_rows(int64_t first, int64_t n, Blk (&acc)[R]) {
     const int slot = static_cast<int>(n & 1);
     S* rows = row(first);
-    const S* ahead = row(first + 2 * R);
+    const S* ahead = row(first + kLead * R);
     [[maybe_unused]] const float* mine = widened(n);
-    [[maybe_unused]] float* keep_ahead = widened(n + 2);
+    [[maybe_unused]] float* keep_ahead = widened(n + kLead);
     Blk delta[R];
     for_rows<kRows>([&](auto i) __attribute__((always_inline)) {
       constexpr int r = kFirst + i;
       delta[r] = blk_set1(delta_[slot][r]);
       acc[r] = blk_zero();
       if constexpr (kAhead) {
-        u_[kAheadFirst + i] = blk_zero();
+        u_[r] = blk_zero();
       }
     });
     // s[r][t] = exp(g) s[r][t] + delta[r] k[t]; o[r] += s[r][t] q[t], lane-wise.
@@ -402,13 +404,13 @@ class RowGroups {
     for_blocks<kHeadK>(full_blocks_end(), [&](int64_t t) __attribute__((always_inline)) {
       update_block(t, kBlock);
       if constexpr (kAhead) {
-        dot_block<kAheadFirst, kRows>(ahead, keep_ahead, t, kBlock);
+        dot_block<kFirst, kRows>(ahead, keep_ahead, t, kBlock);
       }
     });
     if (K() % kBlock != 0) {
       update_block(full_blocks_end(), K() % kBlock);
       if constexpr (kAhead) {
-        dot_block<kAheadFirst, kRows>(ahead, keep_ahead, full_blocks_end(), K() % kBlock);
+        dot_block<kFirst, kRows>(ahead, keep_ahead, full_blocks_end(), K() % kBlock);
       }
     }
   }
