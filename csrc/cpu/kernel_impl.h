@@ -75,7 +75,7 @@ inline int64_t round_up(int64_t x, int64_t m) {
 // hardware prefetcher alone keeps when the state streams from DRAM.
 constexpr int64_t kPrefetchBytes = 4096;
 
-// kGroupRows<S>: rows updated together (one group). A group's scalar tail (horizontal sums, v,
+// kGroupRows: rows updated together (one group). A group's scalar tail (horizontal sums, v,
 // deltas, the finite test, the outputs) is one vector step for four rows (Quad) instead of four
 // scalar ones. kSerialRows: whether the group's rows run their block loops one after another
 // (one row's accumulators live at a time) instead of interleaved block by block (the dependency
@@ -95,17 +95,14 @@ constexpr int64_t kPrefetchBytes = 4096;
 // Zen 3 than the ring's extra stores and reloads, and came 2-10 points nearer rmw from DRAM
 // (docs/bench_ab_avx2_widen.txt). The bits do not depend on it either.
 #if defined(CPU_CAPABILITY_AVX512)
-template <typename S>
 constexpr int kGroupRows = 4;
 constexpr bool kSerialRows = false;
 constexpr bool kWidenOnce = true;
 #elif defined(CPU_CAPABILITY_AVX2)
-template <typename S>
-constexpr int kGroupRows = std::is_same_v<S, float> ? 1 : 4;
+constexpr int kGroupRows = 4;
 constexpr bool kSerialRows = true;
 constexpr bool kWidenOnce = false;
 #else
-template <typename S>
 constexpr int kGroupRows = 1;
 constexpr bool kSerialRows = false;
 constexpr bool kWidenOnce = true;
@@ -476,7 +473,7 @@ void run_k(const GdnParams& p) {
   const int64_t rs = p.qkv_stride_row, cs = p.qkv_stride_col;
   S* state = static_cast<S*>(p.state);
   T* out = static_cast<T*>(p.out);
-  const int64_t grouped = V / kGroupRows<S> * kGroupRows<S>;  // rows in whole groups
+  const int64_t grouped = V / kGroupRows * kGroupRows;  // rows in whole groups
 
   // q and k are kept in the element order the state loads produce (identity unless StateIo<S>
   // reorders), so that s[t] always meets k[t] and q[t].
@@ -495,7 +492,7 @@ void run_k(const GdnParams& p) {
   at::parallel_for(0, B * Hv, grain, [&](int64_t lo, int64_t hi) {
     // q, k, then exp(g) k of the current task; then RowGroups' ring of widened rows, 64-byte
     // aligned.
-    const int64_t ring = std::max(RowGroups<S, kGroupRows<S>, KC, T>::ring_floats(K),
+    const int64_t ring = std::max(RowGroups<S, kGroupRows, KC, T>::ring_floats(K),
                                   RowGroups<S, 1, KC, T>::ring_floats(K));
     std::unique_ptr<float[]> qk(new float[3 * Kp + ring + kBlock]);
     float* widened = reinterpret_cast<float*>(
@@ -530,7 +527,7 @@ void run_k(const GdnParams& p) {
       const HeadVectors<T> head{qk.get(), qk.get() + Kp, decayed_k, decay, beta,
                                 qkv + i * rs + (2 * H * K + j * V) * cs, cs, o, tail_lanes};
       if (grouped > 0) {
-        RowGroups<S, kGroupRows<S>, KC, T>::update(st, K, grouped, head, widened);
+        RowGroups<S, kGroupRows, KC, T>::update(st, K, grouped, head, widened);
       }
       if (grouped < V) {
         HeadVectors<T> rest = head;
