@@ -11,7 +11,9 @@ set (``--isa``, default: the one the op picks here) under its own CPU_CAPABILITY
   or updated state differs from AB0's by a bit (``--no-bit-check``: says so and times it anyway,
   for what-if builds that drop work on purpose);
 - then times them interleaved with an in-place read-modify-write of the same bytes: every
-  repetition calls each build once and the rmw once, so a shared machine's drift hits all alike.
+  repetition calls each build once and the rmw once, in an order rotated every repetition, so a
+  shared machine's drift hits all alike. Name a source twice (``A B A B``) to see the spread
+  between copies of one build.
 
 Modes: ``dram`` (fresh slots of a pool of 4x the last-level cache every call, as in serving),
 ``cache`` (the same B slots every call) and ``l1`` (ns per state row of one value head on one

@@ -82,10 +82,10 @@ constexpr int64_t kPrefetchBytes = 4096;
 // chains of four rows overlap).
 // - AVX-512 has 32 registers of a whole block each and keeps four rows' accumulators of both
 //   passes in them: interleaved.
-// - AVX2, with 16, spills when more than one row is live, so its rows run serially: for a 16-bit
-//   state the shared tail took 15-25 % fewer ns per row in L1/L2 on AMD Zen 3 than single rows,
-//   and came nearer rmw from DRAM (docs/bench_ab_avx2_rows.txt); for fp32 it was 2-3 ns per row
-//   slower, so fp32 keeps single rows.
+// - AVX2, with 16, spills when more than one row is live, so its rows run serially. Against
+//   single rows on AMD Zen 3 (docs/bench_ab_avx2_rows.txt), from DRAM at two threads fp32 came
+//   1.5-5.7 points of rmw nearer it and fp16 2.2-11.6, bf16 within the runs' spread (-1.9 to
+//   +2.3); in L1/L2 bf16 took 10-13 % and fp16 5-8 % fewer ns per row, fp32 7-8 % more.
 // The bits depend on neither.
 //
 // kWidenOnce: whether pass one keeps a 16-bit state's widened rows for pass two (RowGroups).
@@ -240,9 +240,9 @@ class RowGroups {
   static constexpr int R = kGroupSize;
   // How many groups pass one runs ahead of pass two. Two, so that a group's tail has a whole
   // group's work to hide behind; one where a group is several rows run one after another: the
-  // tail's latency is then a small part of the group's work, and pass one two groups (eight rows)
-  // ahead came 1-11 points of rmw further from it from DRAM on Zen 3 than one group ahead
-  // (docs/bench_ab_avx2_rows.txt).
+  // tail's latency is then a small part of the group's work, and with pass one two groups (eight
+  // rows) ahead every 16-bit line from DRAM on Zen 3 came 1-12 points of rmw further from it than
+  // with one group (docs/bench_ab_avx2_rows.txt, run 1).
   static constexpr int kLead = kSerialRows && kGroupSize > 1 ? 1 : 2;
 
   // K: a compile-time constant where kHeadK is, so that row and block offsets are immediates.
