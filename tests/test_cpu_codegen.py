@@ -5,9 +5,10 @@ speed cannot be seen. One property decides much of it and can be read from the b
 row group's dot-product accumulators must stay in registers (AVX-512 has 32). A compiler that keeps
 them on the stack makes every FMA of a dot product wait for a store and a reload (GCC 12 does, given
 a plain row loop or one step left out of line: docs/cpu_kernel.md) yet changes no bit, so no other
-test sees it. This test disassembles the library's K-specialised AVX-512 row kernels with objdump
-and fails where an accumulator lives on the stack. It reads the code the compiler made; it does not
-time it.
+test sees it. Another is where the prefetches go: next to the loads they serve, not moved to a
+group's top in one burst (as GCC schedules __builtin_prefetch). These tests disassemble the
+library's K-specialised AVX-512 row kernels with objdump and fail where an accumulator lives on the
+stack or the prefetches come in bursts. They read the code the compiler made; they do not time it.
 """
 
 import importlib.util
@@ -22,6 +23,7 @@ INSTRUCTION = re.compile(r"^\s*[0-9a-f]+:\s+(.*)$")
 ZMM_STACK = re.compile(r"%zmm\d+.*\(%r[sb]p\)|\(%r[sb]p\).*%zmm\d+")
 SLOT = re.compile(r"(-?(?:0x[0-9a-f]+)?\(%r[sb]p\))")
 FMA = re.compile(r"^vfn?m(?:add|sub)")
+PREFETCH = re.compile(r"^prefetch")
 # The row kernels specialised on K: their block loops are unrolled, so the whole function is the
 # loop over row groups. (The generic one parks its accumulators around the last partial block,
 # outside its block loops, which costs little.)
@@ -84,13 +86,46 @@ def test_the_check_finds_a_spilled_accumulator():
                                       "vfmadd213ps 0x40(%rsp),%ymm2,%ymm1"]) == []
 
 
-@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
-def test_avx512_row_kernels_keep_their_accumulators_in_registers():
+def prefetch_bursts(body, window=8, most=4):
+    """The first instruction of every run of `window` consecutive instructions that holds more
+    than `most` prefetches: prefetches moved together to a group's top instead of staying next to
+    the loads they were written with (one per row and block in pass one)."""
+    flags = [bool(PREFETCH.match(ins)) for ins in body]
+    return [body[i] for i in range(max(len(body) - window + 1, 0))
+            if sum(flags[i:i + window]) > most]
+
+
+def test_the_burst_check_finds_hoisted_prefetches():
+    load = "vmovups 0x40(%rcx),%zmm0"
+    fma = "vfmadd231ps (%rdx),%zmm0,%zmm1"
+    prefetches = [f"prefetcht0 0x{0x1000 + 64 * r:x}(%rcx)" for r in range(8)]
+    spread = [ins for p in prefetches for ins in (p, load, fma)]
+    assert prefetch_bursts(spread) == []
+    hoisted = prefetches + [load, fma] * 8
+    assert prefetch_bursts(hoisted) == hoisted[:4]  # windows from the first four hold 8, 7, 6, 5
+
+
+def _row_kernels():
     lib = _library()
     kernels = _functions(lib, ROW_KERNEL)
     if not kernels:
         pytest.skip(f"no AVX-512 row kernel symbols in {lib} (built with CUSTOM_OPS_NO_AVX512=1, "
                     "or stripped)")
+    return kernels
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
+def test_avx512_row_kernels_keep_their_prefetches_next_to_their_loads():
+    kernels = _row_kernels()
+    bursts = {name: found for name, body in kernels if (found := prefetch_bursts(body))}
+    listing = "\n".join(f"{len(b)}x in {n}: at {b[0]}" for n, b in bursts.items())
+    assert not bursts, (f"{len(bursts)} of {len(kernels)} AVX-512 row kernels issue their "
+                        f"prefetches in bursts:\n{listing}")
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
+def test_avx512_row_kernels_keep_their_accumulators_in_registers():
+    kernels = _row_kernels()
     spilled = {name: moves for name, body in kernels if (moves := accumulators_on_the_stack(body))}
     listing = "\n".join(f"{len(m)}x in {n}: {m[0]}" for n, m in spilled.items())
     assert not spilled, (f"{len(spilled)} of {len(kernels)} AVX-512 row kernels keep accumulators "

@@ -120,6 +120,21 @@ inline Blk tail_mask(const int64_t order[kBlock], int64_t tail) {
   return blk_load(f);
 }
 
+// Prefetch the cache line at address a into L1. On AVX-512 an asm statement, not
+// __builtin_prefetch: GCC's scheduler moves the builtin's prefetches of a four-row group to the
+// group's top, one burst of 32, where a volatile asm stays next to the loads it is written with
+// (tests/test_cpu_codegen.py checks); a prototype that kept them there brought the fp32 kernel
+// nearer rmw from DRAM on AMD Zen 5 (this source is not yet timed on an AVX-512 CPU). On AVX2,
+// whose rows run their loops one after another, the asm moved fp32 nearer rmw from DRAM and fp16
+// further from it on Zen 3 (docs/bench_ab_avx2_prefetch.txt), so it keeps the builtin.
+inline void prefetch_at(uintptr_t a) {
+#if defined(CPU_CAPABILITY_AVX512)
+  asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(a)));
+#else
+  __builtin_prefetch(reinterpret_cast<const void*>(a), 1, 3);
+#endif
+}
+
 // Prefetch for writing the cache line of the state element at p, once per line.
 template <typename S>
 inline void prefetch_line(const S* p, int64_t t) {
@@ -128,10 +143,10 @@ inline void prefetch_line(const S* p, int64_t t) {
   constexpr int64_t kBlockBytes = kBlock * sizeof(S);
   if constexpr (kBlockBytes >= 64) {
     for (int64_t b = 0; b < kBlockBytes; b += 64) {
-      __builtin_prefetch(reinterpret_cast<const void*>(a + b), 1, 3);
+      prefetch_at(a + b);
     }
   } else if ((t * static_cast<int64_t>(sizeof(S))) % 64 == 0) {
-    __builtin_prefetch(reinterpret_cast<const void*>(a), 1, 3);
+    prefetch_at(a);
   }
 }
 
