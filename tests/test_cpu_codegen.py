@@ -105,28 +105,27 @@ def test_the_burst_check_finds_hoisted_prefetches():
     assert prefetch_bursts(hoisted) == hoisted[:4]  # windows from the first four hold 8, 7, 6, 5
 
 
-def _row_kernels():
+def _offenders(check):
+    """(kernels where check(body) finds something, how many kernels, a listing of them)."""
     lib = _library()
     kernels = _functions(lib, ROW_KERNEL)
     if not kernels:
         pytest.skip(f"no AVX-512 row kernel symbols in {lib} (built with CUSTOM_OPS_NO_AVX512=1, "
                     "or stripped)")
-    return kernels
+    found = {name: hits for name, body in kernels if (hits := check(body))}
+    listing = "\n".join(f"{len(h)}x in {n}: at {h[0]}" for n, h in found.items())
+    return found, len(kernels), listing
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
 def test_avx512_row_kernels_keep_their_prefetches_next_to_their_loads():
-    kernels = _row_kernels()
-    bursts = {name: found for name, body in kernels if (found := prefetch_bursts(body))}
-    listing = "\n".join(f"{len(b)}x in {n}: at {b[0]}" for n, b in bursts.items())
-    assert not bursts, (f"{len(bursts)} of {len(kernels)} AVX-512 row kernels issue their "
-                        f"prefetches in bursts:\n{listing}")
+    bursts, kernels, listing = _offenders(prefetch_bursts)
+    assert not bursts, (f"{len(bursts)} of {kernels} AVX-512 row kernels issue their prefetches "
+                        f"in bursts:\n{listing}")
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
 def test_avx512_row_kernels_keep_their_accumulators_in_registers():
-    kernels = _row_kernels()
-    spilled = {name: moves for name, body in kernels if (moves := accumulators_on_the_stack(body))}
-    listing = "\n".join(f"{len(m)}x in {n}: {m[0]}" for n, m in spilled.items())
-    assert not spilled, (f"{len(spilled)} of {len(kernels)} AVX-512 row kernels keep accumulators "
-                         f"on the stack:\n{listing}")
+    spilled, kernels, listing = _offenders(accumulators_on_the_stack)
+    assert not spilled, (f"{len(spilled)} of {kernels} AVX-512 row kernels keep accumulators on "
+                         f"the stack:\n{listing}")
