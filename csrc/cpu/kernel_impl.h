@@ -256,7 +256,7 @@ class RowGroups {
   // How many groups pass one runs ahead of pass two. Two, so that a group's tail has a whole
   // group's work to hide behind; one where a group is several rows run one after another: the
   // tail's latency is then a small part of the group's work, and with pass one two groups (eight
-  // rows) ahead every 16-bit line from DRAM on Zen 3 came 1-12 points of rmw further from it than
+  // rows) ahead every 16-bit line from DRAM on Zen 3 came 1.5-12 points of rmw further from it than
   // with one group (docs/bench_ab_avx2_rows.txt, run 1).
   static constexpr int kLead = kSerialRows && kGroupSize > 1 ? 1 : 2;
 
