@@ -2,8 +2,8 @@
 // different source trees, each compiled under its own CPU_CAPABILITY name AB0, AB1, ..) called on
 // the same inputs, first for their bits (out and state must equal AB0's), then timed interleaved:
 // every repetition calls each build once and an in-place read-modify-write of the same bytes, in
-// an order rotated every repetition, so the machine's drift hits them alike. Prints one line per (state dtype, B, threads): medians in
-// us, and each build's % of the rmw time.
+// an order rotated every repetition, so the machine's drift hits them alike. Prints one line per
+// (state dtype, B, threads): medians in us, and each build's % of the rmw time.
 //
 // Usage: kernel_ab MODE STATES THREADS BATCHES REPS POOL_BYTES CHECK
 //   MODE     dram: fresh slots of a pool of POOL_BYTES every call (the serving case);
