@@ -298,10 +298,8 @@ inline void quad_store(T* p, const Quad& a) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     // As round_bf16_high_no_nan (the canonical NaN rounds to 0x7fc0); then the high words.
     const __m128i bits = _mm_castps_si128(x);
-    const __m128i tie_even = _mm_cmpeq_epi32(_mm_and_si128(bits, _mm_set1_epi32(0x1ffff)),
-                                             _mm_set1_epi32(0x8000));
-    const __m128i high =
-        _mm_add_epi32(_mm_add_epi32(bits, _mm_set1_epi32(0x8000)), tie_even);
+    const __m128i odd = _mm_and_si128(_mm_srli_epi32(bits, 16), _mm_set1_epi32(1));
+    const __m128i high = _mm_add_epi32(_mm_add_epi32(bits, _mm_set1_epi32(0x7fff)), odd);
     w = _mm_packus_epi32(_mm_srli_epi32(high, 16), _mm_setzero_si128());
   } else {
     w = _mm_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -355,14 +353,15 @@ struct StateIo;
 
 #if defined(CPU_CAPABILITY_AVX2)
 // bf16 rounding in integers, the result in the HIGH 16 bits of each 32-bit lane (the low bits are
-// garbage). Scalar math: bits + 0x8000 - (low 17 bits == 0x8000), which carries into the high half
-// exactly when bits + 0x7fff + ((bits >> 16) & 1) does (a tie rounds up only from an odd value),
-// without a shift. Right for every x but NaN; the NaN forms put 0x7fc0 there, like c10::BFloat16.
+// garbage): bits + 0x7fff + (bit 16 of bits) carries into the high half when the low half is over
+// 0x8000, or is 0x8000 (a tie) from an odd value. Four integer operations, like the form with a
+// compare (bits + 0x8000 - (low 17 bits == 0x8000)), which took 3-12 % more ns per row in L1/L2 on
+// AMD Zen 3 (docs/bench_ab_avx2_round.txt). Right for every x but NaN; the NaN forms put 0x7fc0
+// there, like c10::BFloat16.
 inline __m256i round_bf16_high_no_nan(__m256 x) {
   const __m256i bits = _mm256_castps_si256(x);
-  const __m256i low17 = _mm256_and_si256(bits, _mm256_set1_epi32(0x1ffff));
-  const __m256i tie_even = _mm256_cmpeq_epi32(low17, _mm256_set1_epi32(0x8000));  // -1: subtract
-  return _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x8000)), tie_even);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  return _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), odd);
 }
 inline __m256i round_bf16_high(__m256 x) {
   const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
@@ -412,8 +411,8 @@ inline __m256i bf16_words(__m512i high) {
   return _mm512_castsi512_si256(_mm512_permutexvar_epi16(order, high));
 }
 // bf16 rounding in integers, the result in the HIGH 16 bits of each 32-bit lane: bits + 0x8000,
-// less one where the low 17 bits are 0x8000 (a tie rounds up only from an odd value); as AVX2's
-// round_bf16_high_no_nan above. Right for every x but NaN.
+// less one where the low 17 bits are 0x8000 (a tie rounds up only from an odd value); the bits of
+// AVX2's round_bf16_high_no_nan above. Right for every x but NaN.
 inline __m512i round_bf16_high_no_nan(const Blk& a) {
   const __m512i bits = _mm512_castps_si512(a.v);
   const __mmask16 tie_even =
