@@ -9,7 +9,7 @@ set (``--isa``, default: the one the op picks here) under its own CPU_CAPABILITY
 
 - calls every build on the same inputs and state first, and stops (exit status 1) if one's output
   or updated state differs from AB0's by a bit (``--no-bit-check``: says so and times it anyway,
-  for what-if builds that drop work on purpose);
+  for what-if builds that drop work on purpose, or a change of an order of operations);
 - then times them interleaved with an in-place read-modify-write of the same bytes: every
   repetition calls each build once and the rmw once, in an order rotated every repetition, so a
   shared machine's drift hits all alike. Name a source twice (``A B A B``) to see the spread

@@ -447,24 +447,42 @@ inline float at2(const void* base, int64_t i, int64_t j, int64_t si, int64_t sj)
 
 // q (scaled) and k of key head h of row i, L2-normalised in fp32 into dst[0, Kp) and
 // dst[Kp, 2Kp), zero-padded past K and permuted into the element order of the state loads.
+// The sums of squares go lane-wise over whole blocks in memory order (the padding adds zeros), then
+// through sum_rows' tree: one order on every ISA and for every state dtype, and no chain of K
+// dependent adds (which took most of this function's time).
 template <typename T>
 void normalize_qk(const T* row, int64_t cs, int64_t H, int64_t h, int64_t K, int64_t Kp,
                   float scale, const int64_t order[kBlock], bool identity, float* dst) {
+  Blk sumsq[2];
   for (int64_t which = 0; which < 2; ++which) {  // 0: q, 1: k
     const T* src = row + (which * H * K + h * K) * cs;
     float* d = dst + which * Kp;
-    float sumsq = 0.f;
-    for (int64_t t = 0; t < K; ++t) {
-      d[t] = static_cast<float>(src[t * cs]);
-      sumsq += d[t] * d[t];
+    if (cs == 1) {  // the usual case, a loop the compiler vectorises
+      for (int64_t t = 0; t < K; ++t) {
+        d[t] = static_cast<float>(src[t]);
+      }
+    } else {
+      for (int64_t t = 0; t < K; ++t) {
+        d[t] = static_cast<float>(src[t * cs]);
+      }
     }
+    std::fill(d + K, d + Kp, 0.f);
+    sumsq[which] = blk_zero();
+    for (int64_t t = 0; t < Kp; t += kBlock) {
+      const Blk x = blk_load(d + t);
+      sumsq[which] = blk_fmadd(x, x, sumsq[which]);
+    }
+  }
+  float sums[2];
+  sum_rows<2>(sumsq, sums);
+  for (int64_t which = 0; which < 2; ++which) {
+    float* d = dst + which * Kp;
     // q <- scale * q / sqrt(sum q^2 + eps); k <- k / sqrt(sum k^2 + eps)
-    const float norm = std::sqrt(sumsq + kNormEps);
+    const float norm = std::sqrt(sums[which] + kNormEps);
     const float mul = which == 0 ? scale : 1.f;
     for (int64_t t = 0; t < K; ++t) {
       d[t] = mul * d[t] / norm;
     }
-    std::fill(d + K, d + Kp, 0.f);
     if (!identity) {
       float block[kBlock];
       for (int64_t t = 0; t < Kp; t += kBlock) {
