@@ -72,8 +72,15 @@ inline int64_t round_up(int64_t x, int64_t m) {
 }
 
 // How far ahead of pass one (in bytes of state) to prefetch: more misses in flight than the
-// hardware prefetcher alone keeps when the state streams from DRAM.
+// hardware prefetcher alone keeps when the state streams from DRAM. AVX2: 8 KiB, which on AMD Zen 3
+// brought fp32 about 3 points of rmw nearer it from DRAM than 4 KiB, 16-bit states within the
+// runs' spread (docs/bench_ab_avx2_prefetch.txt). Elsewhere 4 KiB: on AMD Zen 5 prefetching
+// farther did not help AVX-512.
+#if defined(CPU_CAPABILITY_AVX2)
+constexpr int64_t kPrefetchBytes = 8192;
+#else
 constexpr int64_t kPrefetchBytes = 4096;
+#endif
 
 // kGroupRows: rows updated together (one group). A group's scalar tail (horizontal sums, v,
 // deltas, the finite test, the outputs) is one vector step for four rows (Quad) instead of four
