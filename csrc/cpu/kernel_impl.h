@@ -464,7 +464,7 @@ void normalize_qk(const T* row, int64_t cs, int64_t H, int64_t h, int64_t K, int
   for (int64_t which = 0; which < 2; ++which) {  // 0: q, 1: k
     const T* src = row + (which * H * K + h * K) * cs;
     float* d = dst + which * Kp;
-    if (cs == 1) {  // the usual case, a loop the compiler vectorises
+    if (cs == 1) {  // the usual case: at unit stride GCC vectorises bf16's widening
       for (int64_t t = 0; t < K; ++t) {
         d[t] = static_cast<float>(src[t]);
       }
