@@ -9,6 +9,7 @@
 #include <cstring>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <c10/util/Exception.h>
@@ -93,10 +94,52 @@ void check_dense(const at::Tensor& t, const char* name) {
                    layout_name(t.layout()));
 }
 
+bool has_data(const at::Tensor& t) {
+  return t.has_storage() && !t.is_meta();
+}
+
+// The bytes from a tensor's first element to the end of its last (sizes > 0, strides >= 0): from
+// its address where it has data, else from the start of its storage.
+struct ByteSpan {
+  int64_t begin, end;
+  bool overlaps(const ByteSpan& o) const { return begin < o.end && o.begin < end; }
+  std::string text(bool addresses) const {
+    if (!addresses) {
+      return c10::str("[", begin, ", ", end, ")");
+    }
+    return c10::str("[", reinterpret_cast<const void*>(begin), ", ",
+                    reinterpret_cast<const void*>(end), ")");
+  }
+};
+
+// Nothing where a size, stride or offset is symbolic (torch.compile tracing).
+std::optional<ByteSpan> byte_span(const at::Tensor& t) {
+  int64_t last = 0;
+  for (int64_t dim = 0; dim < t.dim(); ++dim) {
+    const auto size = t.sym_size(dim).maybe_as_int();
+    const auto stride = t.sym_stride(dim).maybe_as_int();
+    if (!size || !stride) {
+      return std::nullopt;
+    }
+    last += (*size - 1) * *stride;
+  }
+  int64_t begin;
+  if (has_data(t)) {
+    begin = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.const_data_ptr()));
+  } else {
+    const auto offset = t.sym_storage_offset().maybe_as_int();
+    if (!offset) {
+      return std::nullopt;
+    }
+    begin = *offset * static_cast<int64_t>(t.element_size());
+  }
+  return ByteSpan{begin, begin + (last + 1) * static_cast<int64_t>(t.element_size())};
+}
+
 // Every kernel loads whole elements; an address that is not a multiple of the element size
 // (torch.frombuffer with an odd offset) is undefined behaviour on CPU and a fault on devices.
 void check_aligned(const at::Tensor& t, const char* name) {
-  if (t.is_meta() || !t.has_storage()) {
+  if (!has_data(t)) {
     return;  // no data (FakeTensor, torch.compile tracing)
   }
   const auto address = reinterpret_cast<uintptr_t>(t.const_data_ptr());
@@ -294,23 +337,25 @@ void check_fused_gdn_decode_out(const at::Tensor& out, const GdnDims& d,
   check_aligned(out, "out");
   TORCH_CHECK_VALUE(!out.is_neg(), kOp, "out must not be a negative view (torch._neg_view), "
                     "but got a tensor with the negative bit set");
-  if (out.has_storage() && !out.is_meta()) {
-    // Written while the inputs are read: sharing memory with any of them gives garbage. Byte
-    // extents, not at::get_overlap_status, which cannot tell for a slot-strided pool.
-    const auto extent = [](const at::Tensor& t) {
-      const auto* begin = static_cast<const char*>(t.const_data_ptr());
-      int64_t last = 0;
-      for (int64_t dim = 0; dim < t.dim(); ++dim) {
-        last += (t.size(dim) - 1) * t.stride(dim);
-      }
-      return std::make_pair(begin, begin + (last + 1) * t.element_size());
-    };
-    const auto [out_begin, out_end] = extent(out);
-    for (const at::Tensor* t : {&mixed_qkv, &state_ref}) {
-      const auto [begin, end] = extent(*t);
-      TORCH_CHECK_VALUE(out_end <= begin || end <= out_begin, kOp,
-                        "out must not share memory with ", t == &mixed_qkv ? "mixed_qkv" :
-                        "state_ref", ", but their memory overlaps");
+  // Written while the inputs are read: sharing memory with any of them gives garbage. Byte spans,
+  // not at::get_overlap_status, which cannot tell for a slot-strided pool.
+  const std::optional<ByteSpan> out_span = byte_span(out);
+  for (const at::Tensor* t : {&mixed_qkv, &state_ref}) {
+    const char* name = t == &mixed_qkv ? "mixed_qkv" : "state_ref";
+    const std::optional<ByteSpan> span = byte_span(*t);
+    if (!out_span || !span) {
+      continue;  // symbolic sizes: checked when the call runs on data
+    }
+    if (has_data(out) && has_data(*t)) {
+      TORCH_CHECK_VALUE(!out_span->overlaps(*span), kOp, "out must not share memory with ", name,
+                        ", but out spans the bytes ", out_span->text(true), " and ", name, " ",
+                        span->text(true));
+    } else if (out.has_storage() && t->has_storage() && out.storage().is_alias_of(t->storage())) {
+      // Meta tensors and FakeTensor have no addresses, but views of one storage keep their
+      // offsets into it.
+      TORCH_CHECK_VALUE(!out_span->overlaps(*span), kOp, "out must not share memory with ", name,
+                        ", but both are views of one storage, out spanning its bytes ",
+                        out_span->text(false), " and ", name, " ", span->text(false));
     }
   }
 }

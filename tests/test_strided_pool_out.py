@@ -10,6 +10,7 @@
 """
 
 import contextlib
+import logging
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from custom_ops import cuda as cuda_backend
 from custom_ops import fused_gdn_decode_reference
 from custom_ops.testing import (DTYPE_PAIR_IDS, DTYPE_PAIRS, OP, Case, assert_close, call,
                                 make_inputs, paged_pool, positional_args, redispatch,
-                                storage_bytes, to_meta, use_cpu_isa)
+                                storage_bytes, to_device, to_meta, use_cpu_isa)
 
 OUT = OP.out
 
@@ -150,7 +151,19 @@ def _out_rows():
          "out must be on cpu (the device of mixed_qkv), but got meta"),
         ("negative-view", lambda x: torch._neg_view(torch.zeros(3, 1, 4, 16, dtype=bf)),
          ValueError, "out must not be a negative view"),
+        ("none", lambda x: None, TypeError, "out must be a tensor, but got None"),
+        ("sparse", lambda x: torch.zeros(3, 1, 4, 16, dtype=bf).to_sparse(), TypeError,
+         "out must be a dense (torch.strided) tensor, but got layout torch.sparse_coo"),
+        ("misaligned", lambda x: torch.frombuffer(bytearray(3 * 64 * 2 + 1), dtype=bf, offset=1,
+                                                  count=3 * 64).view(3, 1, 4, 16),
+         ValueError, "out must be aligned to its element size (2 bytes)"),
     ]
+
+
+def _cpu_bytes(t):
+    """What a rejected call must leave as it was: a dense CPU tensor's storage bytes."""
+    ok = torch.is_tensor(t) and t.layout == torch.strided and t.device.type == "cpu"
+    return storage_bytes(t) if ok else None
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -160,7 +173,7 @@ def test_out_rejected(backend, row):
     x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16))
     out = make_out(x)
     before = storage_bytes(x["state_ref"])
-    out_before = storage_bytes(out) if out.device.type == "cpu" else None
+    out_before = _cpu_bytes(out)
     with _context(backend), pytest.raises(exc) as info:
         call(_entry(backend, OUT), x, out=out)
     assert "npu_fused_gdn_decode" in str(info.value) and fragment in str(info.value), info.value
@@ -169,10 +182,84 @@ def test_out_rejected(backend, row):
         assert torch.equal(storage_bytes(out), out_before), "a rejected call changed out"
 
 
-def test_out_rejected_on_meta():
-    x = to_meta(make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16)))
-    with pytest.raises(ValueError, match="out must have shape"):
-        call(OUT, x, out=torch.empty(3, 1, 4, 8, dtype=torch.bfloat16, device="meta"))
+@contextlib.contextmanager
+def _meta_or_fake(mode):
+    """Converts inputs to meta tensors or FakeTensor; inside, new tensors are of that kind too."""
+    if mode == "meta":
+        with torch.device("meta"):
+            yield lambda x: to_device(x, "meta")  # views of one storage still share one
+        return
+    # FakeTensor logs every error of a kernel with its traceback; these errors are expected.
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    disabled, log.disabled = log.disabled, True
+    try:
+        with FakeTensorMode() as fm:
+            yield lambda x: {k: (fm.from_tensor(v) if torch.is_tensor(v) else v)
+                             for k, v in x.items()}
+    finally:
+        log.disabled = disabled
+
+
+# Rules 16-21 without data: all but the device (one device there) and the layouts and addresses
+# meta tensors do not keep.
+META_OUT_ROWS = [r for r in _out_rows() if r[0] not in ("device", "sparse", "misaligned")]
+
+
+@pytest.mark.parametrize("mode", ["meta", "fake"])
+@pytest.mark.parametrize("row", META_OUT_ROWS, ids=[r[0] for r in META_OUT_ROWS])
+def test_out_rejected_on_meta_and_fake(mode, row):
+    _, make_out, exc, fragment = row
+    x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16))
+    with _meta_or_fake(mode) as convert:
+        x = convert(x)
+        out = make_out(x)  # views of x's tensors share their storage
+        with pytest.raises(exc) as info:
+            call(OUT, x, out=out)
+    assert "npu_fused_gdn_decode" in str(info.value) and fragment in str(info.value), info.value
+
+
+def _pool_and_out(shift):
+    """Inputs with a bf16 state pool and, under "out", an out in the same buffer, starting `shift`
+    elements after the pool's end (0: right after it; -1: on its last element)."""
+    x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16, state_dtype=torch.bfloat16))
+    n = x["state_ref"].numel()
+    buf = torch.zeros(n + 3 * 64 + 8, dtype=torch.bfloat16)
+    buf[:n] = x["state_ref"].view(-1)
+    return dict(x, state_ref=buf[:n].view(x["state_ref"].shape),
+                out=buf[n + shift:][:3 * 64].view(3, 1, 4, 16))
+
+
+@pytest.mark.parametrize("mode", ["cpu", "meta", "fake"])
+def test_out_next_to_state_is_accepted_one_element_into_it_is_not(mode):
+    """Rule 21 by bytes: on data by address, on meta tensors and FakeTensor by the offsets of two
+    views into their one storage."""
+    context = _meta_or_fake(mode) if mode != "cpu" else contextlib.nullcontext(lambda x: x)
+    good, bad = _pool_and_out(0), _pool_and_out(-1)
+    with context as convert:
+        # pool and out converted together, so that they keep one storage
+        good, bad = convert(good), convert(bad)
+        assert call(OUT, good, out=good["out"]).shape == (3, 1, 4, 16)
+        with pytest.raises(ValueError, match="out must not share memory with state_ref") as info:
+            call(OUT, bad, out=bad["out"])
+    assert ("out spans the bytes [0x" if mode == "cpu" else
+            "both are views of one storage, out spanning its bytes [") in str(info.value)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "composite"])
+@pytest.mark.parametrize("indices,fragment", [
+    ([3, 0, 3], "must not repeat a positive slot, but slot 3 is used by rows 0 and 2"),
+    ([1, 8, 2], "ssm_state_indices[1] = 8 is out of range"),
+], ids=["duplicate", "out-of-range"])
+def test_out_overload_rejected_indices_leave_state_and_out(backend, indices, fragment):
+    x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16))
+    x["ssm_state_indices"] = torch.tensor(indices, dtype=torch.int32)
+    out = torch.full((3, 1, 4, 16), 5.0, dtype=torch.bfloat16)
+    before, out_before = storage_bytes(x["state_ref"]), storage_bytes(out)
+    with pytest.raises(ValueError) as info:
+        call(_entry(backend, OUT), x, out=out)
+    assert fragment in str(info.value), info.value
+    assert torch.equal(storage_bytes(x["state_ref"]), before), "a rejected call changed state"
+    assert torch.equal(storage_bytes(out), out_before), "a rejected call changed out"
 
 
 def test_out_overload_schema():

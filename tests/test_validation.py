@@ -3,7 +3,7 @@ the Meta kernel (meta tensors and FakeTensor), the checked reference registered 
 a kernel (custom_ops.composite, reached through the XPU key), and the Triton kernel's CUDA entry
 (through Triton's interpreter). Each rejected call must raise the documented exception type with a
 message naming the argument (the CPU op's message, on every backend) and leave every byte of
-state_ref as it was.
+state_ref as it was. Then what rules 12-15 allow, and nested tensors (PyTorch's own error).
 """
 
 import dataclasses
@@ -15,8 +15,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from custom_ops import cuda as cuda_backend
-from custom_ops.testing import (ALL_DTYPES, ARG_NAMES, OP, RANK, Case, call, make_inputs,
-                                redispatch, storage_bytes, to_meta)
+from custom_ops import fused_gdn_decode_reference
+from custom_ops.testing import (ALL_DTYPES, ARG_NAMES, OP, RANK, Case, assert_close, call,
+                                make_inputs, redispatch, storage_bytes, to_meta)
 
 BASE = Case(B=3, H=2, Hv=4, K=64, V=16)  # BlockNum 8, width 2*2*64 + 4*16 = 320
 FP16 = dataclasses.replace(BASE, dtype=torch.float16, state_dtype=torch.float16)
@@ -380,3 +381,78 @@ def test_meta_output_matches_cpu_output():
     meta = call(OP, to_meta(x))
     assert meta.device.type == "meta"
     assert (meta.shape, meta.dtype, meta.stride()) == (out.shape, out.dtype, out.stride())
+
+
+# What rules 12-15 allow, and nested tensors: each accepted call computes what the plain call does.
+
+def _same_call(x, y, **kw):
+    """The op on x and on y (each on its own copy of the state) gives the same bits."""
+    sx, sy = x["state_ref"].clone(), y["state_ref"].clone()
+    ox = call(OP, dict(x, state_ref=sx), **kw)
+    oy = call(OP, dict(y, state_ref=sy), **kw)
+    assert torch.equal(ox, oy), "out differs"
+    assert torch.equal(sx, sy), "state differs"
+
+
+@pytest.mark.parametrize("name", ["mixed_qkv", "a", "b", "a_log", "dt_bias"])
+def test_read_only_negative_views_are_read_as_their_values(name):
+    """Rule 12: a read-only argument may be a negative view; the op reads its values, not the
+    negated bytes underneath."""
+    x = make_inputs(BASE)
+    y = dict(x, **{name: torch._neg_view(-x[name])})
+    assert y[name].is_neg() and torch.equal(y[name], x[name])
+    _same_call(x, y)
+
+
+def test_size_one_state_dims_take_any_stride():
+    """Rule 13: a dimension of size 1 (here Hv and V) may have any stride."""
+    case = Case(B=2, H=1, Hv=1, K=64, V=1, pool=5)
+    x = make_inputs(case)
+    s = x["state_ref"]
+    odd = torch.empty(5 * 64 + 999).as_strided(s.shape, (64, 12345, 777, 1), 999)
+    odd.copy_(s)
+    assert odd.stride()[1:3] == (12345, 777)
+    _same_call(x, dict(x, state_ref=odd))
+
+
+@pytest.mark.parametrize("slot_stride", [0, 7, 4096])
+def test_one_slot_pool_takes_any_slot_stride(slot_stride):
+    """Rule 14: with BlockNum = 1 (only the null slot: every row invalid) the slot stride is
+    free; outputs are zeros and the state keeps its bytes."""
+    x = make_inputs(BASE)
+    st = torch.randn(4 * 16 * 64).as_strided((1, 4, 16, 64), (slot_stride, 1024, 64, 1))
+    before = st.clone()
+    x = dict(x, state_ref=st, ssm_state_indices=torch.tensor([0, -1, 0], dtype=torch.int32))
+    out = call(OP, x)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(st, before)
+
+
+FLT_MAX = 3.4028234663852886e+38
+
+
+@pytest.mark.parametrize("kw", [{"scale": FLT_MAX}, {"scale": -FLT_MAX},
+                                {"softplus_threshold": FLT_MAX},
+                                {"softplus_threshold": -FLT_MAX}], ids=str)
+def test_float32_extremes_are_accepted(kw):
+    """Rule 15's bound is inclusive: float32's largest value is a valid scalar, on every backend
+    that computes it, with the reference's results (Inf/NaN where the reference has them)."""
+    x = dict(make_inputs(BASE), **{k: v for k, v in kw.items() if k == "scale"})
+    extra = {k: v for k, v in kw.items() if k != "scale"}
+    ours, ref = x["state_ref"].clone(), x["state_ref"].clone()
+    out = call(OP, dict(x, state_ref=ours), **extra)
+    out_ref = call(fused_gdn_decode_reference, dict(x, state_ref=ref), **extra)
+    assert_close(out, out_ref, "out", equal_nan=True)
+    assert_close(ours, ref, "state", equal_nan=True)
+    assert call(OP, to_meta(x), **extra).shape == out.shape
+
+
+@pytest.mark.parametrize("name", ["a", "state_ref"])
+def test_nested_tensor_is_pytorchs_not_implemented(name):
+    """Nested tensors never reach the check (spec rule 1): PyTorch has no kernel for them."""
+    x = make_inputs(BASE)
+    t = x[name]
+    nested = torch.nested.nested_tensor(list(t.unbind(0)), layout=torch.jagged)
+    before = storage_bytes(x["state_ref"])
+    with pytest.raises(NotImplementedError):
+        call(OP, dict(x, **{name: nested}))
+    assert torch.equal(storage_bytes(x["state_ref"]), before)
