@@ -5,7 +5,8 @@
 #   bash build_and_install.sh --with-test-deps   # also install what the tests need
 #
 # torch is never replaced: the extension must match the torch it runs with. Only when torch is
-# missing is the CPU build torch==$TORCH_VERSION installed. On an Ascend host, install torch_npu and
+# missing is torch==$TORCH_VERSION installed, from TORCH_INDEX_URL when set (PyPI's x86-64 Linux
+# wheel is the CUDA build; https://download.pytorch.org/whl/cpu has the CPU one). On an Ascend host, install torch_npu and
 # CANN first and source CANN's set_env.sh (docs/npu.md, "Prerequisites on the Ascend host"); the
 # build is the same.
 set -euo pipefail
@@ -23,7 +24,7 @@ done
 
 if ! "$PYTHON" -c "import torch" 2>/dev/null; then
   echo "build_and_install: torch not found, installing torch==$TORCH_VERSION"
-  "$PYTHON" -m pip install "torch==$TORCH_VERSION"
+  "$PYTHON" -m pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==$TORCH_VERSION"
 fi
 "$PYTHON" -m pip install -q "setuptools>=64" wheel ninja
 
