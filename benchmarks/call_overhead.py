@@ -8,8 +8,8 @@ in R interleaved rounds of N calls each, in five ways:
 - ``grad``: the op with grad mode on and no input requiring grad (Autograd and ADInplaceOrView
   kernels run, and record nothing);
 - ``no_grad``: the same under ``torch.no_grad()``;
-- ``inference_mode``: under ``torch.inference_mode()`` (those kernels are skipped; the op's
-  inference-tensor checks run);
+- ``inference_mode``: under ``torch.inference_mode()`` (those kernels, and with them the checks
+  of docs/bad_input.md's Autograd section, are skipped);
 - ``cpu_key``, ``cpu_key_inference``: the call redispatched straight to the CPU kernel (no
   Autograd or ADInplaceOrView kernel), with grad mode on and under ``torch.inference_mode()``.
 
