@@ -6,9 +6,9 @@
 #
 # torch is never replaced: the extension must match the torch it runs with. Only when torch is
 # missing is torch==$TORCH_VERSION installed, from TORCH_INDEX_URL when set (PyPI's x86-64 Linux
-# wheel is the CUDA build; https://download.pytorch.org/whl/cpu has the CPU one). On an Ascend host, install torch_npu and
-# CANN first and source CANN's set_env.sh (docs/npu.md, "Prerequisites on the Ascend host"); the
-# build is the same.
+# wheel is the CUDA build; https://download.pytorch.org/whl/cpu has the CPU one). On an Ascend
+# host, install torch_npu and CANN first and source CANN's set_env.sh (docs/npu.md, "Prerequisites
+# on the Ascend host"); the build is the same.
 set -euo pipefail
 cd "$(dirname "$0")"
 
