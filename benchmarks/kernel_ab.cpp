@@ -49,6 +49,29 @@ volatile uint32_t g_zero = 0;
 // Whether differing bits stop a line (CHECK).
 bool g_check = true;
 
+// The core's clock in GHz, from a chain of dependent adds (one a cycle on x86-64 cores); 0
+// elsewhere. A shared VM's cores slow by half for minutes at a time while memory does not, which
+// lowers every ratio to rmw, the more so the more compute a state dtype costs: printed before and
+// after a mode's lines, so that a slow spell shows.
+// The best of five readings of about 20 ms: a core waking from idle takes a few ms to clock up.
+double core_ghz() {
+#if defined(__x86_64__)
+  constexpr long kAdds = 50000000;
+  double best = 0;
+  for (int reading = 0; reading < 5; ++reading) {
+    long x = 0;
+    const auto t0 = Clock::now();
+    for (long i = 0; i < kAdds; ++i) {
+      asm volatile("add $1, %0" : "+r"(x));
+    }
+    best = std::max(best, kAdds / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+  }
+  return best;
+#else
+  return 0;
+#endif
+}
+
 template <typename T, typename S>
 std::vector<void (*)(const GdnParams&)> builds() {
   std::vector<void (*)(const GdnParams&)> v;
@@ -277,6 +300,7 @@ int main(int argc, char** argv) {
   const int reps = std::atoi(argv[5]);
   const size_t pool = std::strtoull(argv[6], nullptr, 10);
   g_check = std::atoi(argv[7]) != 0;
+  const double ghz_before = core_ghz();
   bool ok = true;
   std::stringstream in(states);
   for (std::string s; std::getline(in, s, ',');) {
@@ -290,6 +314,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "unknown state dtype %s\n", s.c_str());
       return 2;
     }
+  }
+  if (ghz_before > 0) {
+    std::printf("%s: core clock %.2f GHz before these lines, %.2f after (a chain of dependent adds; "
+                "a drop means the machine slowed during them)\n", mode, ghz_before, core_ghz());
   }
   return ok ? 0 : 1;
 }

@@ -13,7 +13,10 @@ set (``--isa``, default: the one the op picks here) under its own CPU_CAPABILITY
 - then times them interleaved with an in-place read-modify-write of the same bytes: every
   repetition calls each build once and the rmw once, in an order rotated every repetition, so a
   shared machine's drift hits all alike. Name a source twice (``A B A B``) to see the spread
-  between copies of one build.
+  between copies of one build;
+- after each mode's lines, prints the core's clock before and after them (a chain of dependent
+  adds, x86-64): a shared VM's cores slow for minutes while memory does not, which lowers every
+  ratio to rmw, so levels from a slow spell are not the kernel's.
 
 Modes: ``dram`` (fresh slots of a pool of 4x the last-level cache every call, as in serving),
 ``cache`` (the same B slots every call) and ``l1`` (ns per state row of one value head on one
