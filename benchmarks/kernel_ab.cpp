@@ -52,8 +52,8 @@ bool g_check = true;
 // The core's clock in GHz, from a chain of dependent adds (one a cycle on x86-64 cores); 0
 // elsewhere. A shared VM's cores slow by half for minutes at a time while memory does not, which
 // lowers every ratio to rmw, the more so the more compute a state dtype costs: printed before and
-// after a mode's lines, so that a slow spell shows.
-// The best of five readings of about 20 ms: a core waking from idle takes a few ms to clock up.
+// after a mode's lines, so that a slow spell shows. The best of five readings of about 20 ms: a
+// core waking from idle takes a few ms to clock up.
 double core_ghz() {
 #if defined(__x86_64__)
   constexpr long kAdds = 50000000;

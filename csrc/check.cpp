@@ -346,17 +346,17 @@ void check_fused_gdn_decode_out(const at::Tensor& out, const GdnDims& d,
     if (!out_span || !span) {
       continue;  // symbolic sizes: checked when the call runs on data
     }
-    if (has_data(out) && has_data(*t)) {
-      TORCH_CHECK_VALUE(!out_span->overlaps(*span), kOp, "out must not share memory with ", name,
-                        ", but out spans the bytes ", out_span->text(true), " and ", name, " ",
-                        span->text(true));
-    } else if (out.has_storage() && t->has_storage() && out.storage().is_alias_of(t->storage())) {
-      // Meta tensors and FakeTensor have no addresses, but views of one storage keep their
-      // offsets into it.
-      TORCH_CHECK_VALUE(!out_span->overlaps(*span), kOp, "out must not share memory with ", name,
-                        ", but both are views of one storage, out spanning its bytes ",
-                        out_span->text(false), " and ", name, " ", span->text(false));
+    // Meta tensors and FakeTensor have no addresses, but views of one storage keep their offsets
+    // into it.
+    const bool by_address = has_data(out) && has_data(*t);
+    if (!by_address && !(out.has_storage() && t->has_storage() &&
+                         out.storage().is_alias_of(t->storage()))) {
+      continue;
     }
+    TORCH_CHECK_VALUE(!out_span->overlaps(*span), kOp, "out must not share memory with ", name,
+                      ", but ", by_address ? "out spans the bytes " :
+                      "both are views of one storage, out spanning its bytes ",
+                      out_span->text(by_address), " and ", name, " ", span->text(by_address));
   }
 }
 

@@ -4,6 +4,7 @@ benchmarks and the device scripts.
 - ``make_inputs(Case(...))``: the inputs of one decode call, as a model produces them;
 - ``TOLERANCES``: how close a kernel must come to the reference, per result dtype;
 - ``assert_close`` / ``check_against_reference``: the comparison with those tolerances;
+- ``fake_mode`` / ``to_fake``: FakeTensor inputs, kernel errors not logged;
 - ``use_cpu_isa`` / ``use_threads``: run a block on one CPU kernel variant / intra-op thread count;
 - ``call`` / ``redispatch``: call the op (or one dispatch key's kernel of it) on those inputs.
 """
@@ -306,6 +307,28 @@ def agrees_with_reference(fn, inputs: dict, **kw) -> bool:
     except AssertionError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def fake_mode():
+    """A FakeTensorMode (yielded) that does not log the errors its kernels raise: the rejection
+    tests expect them, and FakeTensor would log each with its traceback."""
+    import logging
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    disabled, log.disabled = log.disabled, True
+    try:
+        with FakeTensorMode() as mode:
+            yield mode
+    finally:
+        log.disabled = disabled
+
+
+def to_fake(mode, inputs: dict) -> dict:
+    """The tensors of ``inputs`` as FakeTensor of ``mode`` (views of one storage share one)."""
+    return {k: (mode.from_tensor(v) if torch.is_tensor(v) else v) for k, v in inputs.items()}
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@
 """
 
 import contextlib
-import logging
 
 import pytest
 import torch
@@ -19,8 +18,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from custom_ops import cuda as cuda_backend
 from custom_ops import fused_gdn_decode_reference
 from custom_ops.testing import (DTYPE_PAIR_IDS, DTYPE_PAIRS, OP, Case, assert_close, call,
-                                make_inputs, paged_pool, positional_args, redispatch,
-                                storage_bytes, to_device, to_meta, use_cpu_isa)
+                                fake_mode, make_inputs, paged_pool, positional_args, redispatch,
+                                storage_bytes, to_device, to_fake, to_meta, use_cpu_isa)
 
 OUT = OP.out
 
@@ -189,15 +188,8 @@ def _meta_or_fake(mode):
         with torch.device("meta"):
             yield lambda x: to_device(x, "meta")  # views of one storage still share one
         return
-    # FakeTensor logs every error of a kernel with its traceback; these errors are expected.
-    log = logging.getLogger("torch._subclasses.fake_tensor")
-    disabled, log.disabled = log.disabled, True
-    try:
-        with FakeTensorMode() as fm:
-            yield lambda x: {k: (fm.from_tensor(v) if torch.is_tensor(v) else v)
-                             for k, v in x.items()}
-    finally:
-        log.disabled = disabled
+    with fake_mode() as mode:
+        yield lambda x: to_fake(mode, x)
 
 
 # Rules 16-21 without data: all but the device (one device there) and the layouts and addresses

@@ -7,17 +7,16 @@ state_ref as it was. Then what rules 12-15 allow, and nested tensors (PyTorch's 
 """
 
 import dataclasses
-import logging
 from typing import Callable
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from custom_ops import cuda as cuda_backend
 from custom_ops import fused_gdn_decode_reference
 from custom_ops.testing import (ALL_DTYPES, ARG_NAMES, OP, RANK, Case, assert_close, call,
-                                make_inputs, redispatch, storage_bytes, to_meta)
+                                fake_mode, make_inputs, redispatch, storage_bytes, to_fake,
+                                to_meta)
 
 BASE = Case(B=3, H=2, Hv=4, K=64, V=16)  # BlockNum 8, width 2*2*64 + 4*16 = 320
 FP16 = dataclasses.replace(BASE, dtype=torch.float16, state_dtype=torch.float16)
@@ -282,15 +281,8 @@ def _meta(x, thr):
 
 
 def _fake(x, thr):
-    # FakeTensor logs every error of a kernel with its traceback; these errors are expected.
-    log = logging.getLogger("torch._subclasses.fake_tensor")
-    disabled, log.disabled = log.disabled, True
-    try:
-        with FakeTensorMode() as mode:
-            fx = {k: (mode.from_tensor(v) if torch.is_tensor(v) else v) for k, v in x.items()}
-            return call(OP, fx, softplus_threshold=thr)
-    finally:
-        log.disabled = disabled
+    with fake_mode() as mode:
+        return call(OP, to_fake(mode, x), softplus_threshold=thr)
 
 
 def _composite(x, thr):
