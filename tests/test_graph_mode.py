@@ -89,15 +89,23 @@ def layer_of_cache(mixed_qkv, a, b, a_log, dt_bias, cache, ssm_state_indices):
     return step(mixed_qkv, a, b, a_log, dt_bias, cache[1], ssm_state_indices)
 
 
-@pytest.mark.parametrize("fn", [read_before, used_after, layer_of_cache])
+def strided_pool(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices):
+    return step(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices)
+
+
+@pytest.mark.parametrize("fn", [read_before, used_after, layer_of_cache, strided_pool])
 def test_reinplace_pass_leaves_unsafe_calls_functional(fn):
-    """The input is read elsewhere in the graph, or the state is a view of a larger input: the
-    call stays functional, and results equal eager mode."""
+    """The input is read elsewhere in the graph, the state is a view of a larger input, or a
+    slot-strided (non-contiguous) pool, which torchair hands GE as a contiguous copy: the call
+    stays functional, and results equal eager mode."""
     compiled, graphs = compile_with(fn, True)
     x = make_inputs(Case(B=4, pool=12, invalid_rows=(2,)))
     state = x["state_ref"]
     if fn is layer_of_cache:
         state = torch.stack([state + 1, state, state - 1])
+    if fn is strided_pool:  # every other slot of a buffer twice the size (a paged pool)
+        state = torch.stack([state, state - 1], dim=1)[:, 0]
+        assert not state.is_contiguous()
     eager_state = state.clone()
     with torch.no_grad():
         got = compiled(*(x[n] for n in ARG_NAMES[:5]), state, x["ssm_state_indices"])

@@ -23,7 +23,7 @@ from custom_ops.testing import assert_close
 HERE = Path(__file__).resolve().parent
 GE_INPUTS = ["mixed_qkv", "a", "b", "a_log", "dt_bias", "state", "ssm_state_indices"]
 ARGS = ["mixed_qkv", "a", "b", "a_log", "dt_bias", "state_ref", "ssm_state_indices"]
-CASES = ["fp32_dynamic", "bf16", "view", "reinplace"]
+CASES = ["fp32_dynamic", "bf16", "view", "reinplace", "reinplace_strided"]
 
 
 @pytest.fixture(scope="module")
@@ -144,10 +144,24 @@ def test_reinplace_pass_writes_into_the_input(driven):
     assert all(run["aliases"] == {} for run in case["runs"])
 
 
+def test_reinplace_pass_leaves_a_strided_pool_functional(driven):
+    """A slot-strided pool reaches GE as torchair's contiguous copy, written back only through the
+    functional write-back: the pass keeps it (TensorMove, ScatterUpdate, the aliased output)."""
+    case = driven[0]["cases"]["reinplace_strided"]
+    (node,) = ops_of(case, "FusedGdnDecode")
+    chain, _ = state_source(case, node)
+    assert chain == ["TensorMove"]
+    (scatter,) = ops_of(case, "ScatterUpdate")
+    for run in runs_of_graph(case):
+        ((out_idx, in_idx),) = run["aliases"].items()
+        assert in_idx == ARGS.index("state_ref")
+        assert producer(case, graph_outputs(case)[int(out_idx)])["name"] == scatter["name"]
+
+
 # --- numbers -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["fp32_dynamic", "bf16", "reinplace"])
+@pytest.mark.parametrize("name", ["fp32_dynamic", "bf16", "reinplace", "reinplace_strided"])
 def test_steps_match_the_reference(driven, name):
     for step in driven[1][name]:
         check_step(step)

@@ -365,6 +365,12 @@ def main(argv=None):
     cases["reinplace"] = run_case(torchair, "reinplace", step,
                                   torch.randn(16, 4, 32, 64, generator=g), dyn, torch.bfloat16,
                                   config(conv_pkg.reinplace_pass), tensors, dynamic=True)
+    # A slot-strided pool (every other slot of a larger buffer): torchair hands GE a contiguous
+    # copy of it, so the pass must leave the call functional for the update to reach the pool.
+    paged = torch.randn(16, 2, 4, 32, 64, generator=g)
+    cases["reinplace_strided"] = run_case(torchair, "reinplace_strided", step, paged[:, 0],
+                                          [(4, (1,)), (4, ())], torch.bfloat16,
+                                          config(conv_pkg.reinplace_pass), tensors)
 
     # Negative control: the vendor's converter (FusedGdnDecode alone) must be seen to lose the
     # update, or the checks above prove nothing.

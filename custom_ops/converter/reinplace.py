@@ -8,11 +8,14 @@ sole reader, which an op that must read the pool before its write-back never is.
 reduce-overhead mode torchair re-inplaces the call but keeps ``copy_(state, state)``.
 
 This pass undoes the functionalization of ``custom::npu_fused_gdn_decode`` where that is safe:
-when the mutated base is a graph input read by nothing but this call and its ``copy_`` epilogue,
-the call is turned back into the in-place op on the input, and the epilogue is dropped. The
+when the mutated base is a contiguous graph input read by nothing but this call and its ``copy_``
+epilogue, the call is turned back into the in-place op on the input, and the epilogue is dropped. The
 converter then writes the updated rows straight into the input (``ScatterUpdate`` on the ``Data``),
 and the eager binding captured in an ACL graph updates it in place. Calls on a view of a larger
-input, or whose input has other readers, are left functional (correct, with the pool copy).
+input, on a non-contiguous input, or whose input has other readers, are left functional (correct,
+with the pool copy). A non-contiguous input (a slot-strided pool) reaches GE as a contiguous copy
+that torchair writes back only for inputs an ``Assign`` writes, so without the epilogue the update
+would land in the copy and be lost.
 
 Use it as torchair's post-grad pre-pass::
 
@@ -36,6 +39,11 @@ def _reinplace_one(graph, node, op):
     # Only a call on the whole input: a view carries _state_ref_{size,stride,...} entries.
     view_keys = [k for k in kw if k.startswith(f"_{_MUTATED}_") and k != f"_{_MUTATED}_base_index"]
     if kw.get(f"_{_MUTATED}_base_index") != 0 or view_keys:
+        return False
+    # torchair hands GE a contiguous copy of a non-contiguous input and copies it back only
+    # where the graph Assigns to it, which the epilogue dropped here would have done.
+    val = bases[0].meta.get("val")
+    if not isinstance(val, torch.Tensor) or not val.is_contiguous():
         return False
     items = {}
     for user in node.users:
