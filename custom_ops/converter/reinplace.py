@@ -8,14 +8,14 @@ sole reader, which an op that must read the pool before its write-back never is.
 reduce-overhead mode torchair re-inplaces the call but keeps ``copy_(state, state)``.
 
 This pass undoes the functionalization of ``custom::npu_fused_gdn_decode`` where that is safe:
-when the mutated base is a contiguous graph input read by nothing but this call and its ``copy_``
-epilogue, the call is turned back into the in-place op on the input, and the epilogue is dropped. The
-converter then writes the updated rows straight into the input (``ScatterUpdate`` on the ``Data``),
-and the eager binding captured in an ACL graph updates it in place. Calls on a view of a larger
-input, on a non-contiguous input, or whose input has other readers, are left functional (correct,
-with the pool copy). A non-contiguous input (a slot-strided pool) reaches GE as a contiguous copy
-that torchair writes back only for inputs an ``Assign`` writes, so without the epilogue the update
-would land in the copy and be lost.
+when the mutated base is a contiguous graph input read by nothing but this call and its
+``copy_`` epilogue, the call is turned back into the in-place op on the input, and the epilogue
+is dropped. The converter then writes the updated rows straight into the input
+(``ScatterUpdate`` on the ``Data``), and the eager binding captured in an ACL graph updates it in
+place. Calls on a view of a larger input, on a non-contiguous input, or whose input has other
+readers, are left functional (correct, with the pool copy). A non-contiguous input (a
+slot-strided pool) reaches GE as a contiguous copy that torchair writes back only for inputs an
+``Assign`` writes, so without the epilogue the update would land in the copy and be lost.
 
 Use it as torchair's post-grad pre-pass::
 
