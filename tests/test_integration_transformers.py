@@ -338,6 +338,48 @@ def test_shapes_outside_contract_refused():
     assert not any("forward" in m.__dict__ for m in model.modules())
 
 
+class Fp8WeightLinear(torch.nn.Module):
+    """A stand-in for a weight-quantized projection (transformers' FP8Linear, which needs a GPU
+    kernel): the weight stored as float8_e4m3fn with a per-row scale, dequantized per call; the
+    activations' dtype in and out."""
+
+    def __init__(self, linear):
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
+        self.weight = torch.nn.Parameter((w / scale).to(torch.float8_e4m3fn), requires_grad=False)
+        self.scale = torch.nn.Parameter(scale, requires_grad=False)
+
+    def forward(self, x):
+        return x @ (self.weight.float() * self.scale).to(x.dtype).t()
+
+
+@needs_tested
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_weight_quantized_projections(family):
+    """FP8 checkpoints quantize the GDN layers' big projections (Qwen's own: in_proj_qkv(z),
+    in_proj_z, out_proj) and keep dt_bias, A_log, conv1d and in_proj_a/b in bf16: the patch takes
+    the activations' dtype from dt_bias, and the op matches the reference on such a model."""
+    model = make_model(family, torch.bfloat16)
+    for i in gdn_layer_indices(model):
+        layer = model.model.layers[i].linear_attn
+        for name in ("in_proj_qkvz", "in_proj_qkv", "in_proj_z", "out_proj"):
+            if hasattr(layer, name):
+                setattr(layer, name, Fp8WeightLinear(getattr(layer, name)))
+    prompt = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(4))
+    runs = {}
+    for name, kernel in [("op", None), ("reference", custom_ops.fused_gdn_decode_reference)]:
+        with integ.patch_gdn_decode(model, kernel=kernel):
+            runs[name] = model.generate(prompt, max_new_tokens=12, do_sample=False,
+                                        return_dict_in_generate=True)
+    assert torch.equal(runs["op"].sequences, runs["reference"].sequences)
+    for i in gdn_layer_indices(model):
+        pool = integ.state_pool(runs["op"].past_key_values, i)
+        ref_pool = integ.state_pool(runs["reference"].past_key_values, i)
+        assert pool is not None and pool[1:].any()
+        torch.testing.assert_close(pool, ref_pool, atol=2e-2, rtol=2e-2)
+
+
 @needs_tested
 def test_unpatch_restores_stock_and_refuses_double_patch():
     model = make_model("qwen3_next", torch.bfloat16)
