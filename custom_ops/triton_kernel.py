@@ -36,11 +36,12 @@ def _kernel_body(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, STATE_BF16: tl.constexpr, OUT_BF16: tl.constexpr,
 ):
-    # Grid (B*Hv, V tiles): axis 0 allows 2**31 - 1 programs, axes 1-2 only 65535.
+    # Grid (B*Hv, V tiles split over axes 1 and 2): see launch_config. A tile past the last
+    # (the split rounds up) is all masked.
     row_head = tl.program_id(0).to(tl.int64)
     i = row_head // HV
     j = row_head % HV
-    v_tile = tl.program_id(1)
+    v_tile = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     h = j // (HV // H)
 
     slot = tl.load(idx_ptr + i * stride_idx).to(tl.int64)
@@ -143,6 +144,10 @@ class TileConfig:
     num_warps: int
 
 
+# Programs per grid axis: CUDA's limits.
+GRID_X_MAX = 2**31 - 1
+GRID_YZ_MAX = 65535
+
 # Rule: about 8 KiB of state per program (2048 fp32 or 4096 16-bit elements), i.e. 32 fp32
 # registers per thread for the tile, enough bytes in flight per SM without spilling.
 _TILE_BYTES = 8192
@@ -168,7 +173,11 @@ def launch_config(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices,
     block_num, Hv, V, K = state_ref.shape
     H = (mixed_qkv.shape[1] - Hv * V) // (2 * K)
     cfg = config or tile_config(K, V, state_ref.dtype)
-    grid = (B * Hv, triton.cdiv(V, cfg.BV))
+    # CUDA allows GRID_X_MAX programs on axis 0 (fused_gdn_decode_triton launches at most that
+    # many rows x value heads at a time) and 65535 on axes 1 and 2: the V tiles pass that for
+    # V > 65535 with one fp32 row per tile (K > 1024), so they go over axes 1 and 2.
+    v_tiles = triton.cdiv(V, cfg.BV)
+    grid = (B * Hv, min(v_tiles, GRID_YZ_MAX), triton.cdiv(v_tiles, GRID_YZ_MAX))
     args = (
         mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, out,
         float(scale), float(softplus_threshold), block_num,
@@ -211,10 +220,18 @@ def fused_gdn_decode_triton(
     _, Hv, V, _ = state_ref.shape
     if out is None:
         out = torch.empty((B, 1, Hv, V), dtype=mixed_qkv.dtype, device=mixed_qkv.device)
-    grid, args, kwargs = launch_config(mixed_qkv, a, b, a_log, dt_bias, state_ref,
-                                       ssm_state_indices, out, scale, softplus_threshold, config)
+    # At most GRID_X_MAX (row, value head) programs per launch: more rows go in chunks (views).
+    # Hv alone stays below it (a pool of Hv > 2**31 value heads would not fit in any GPU).
+    rows = max(1, GRID_X_MAX // Hv)
+    parts = [(mixed_qkv, a, b, ssm_state_indices, out)] if B <= rows else [
+        tuple(t[r:r + rows] for t in (mixed_qkv, a, b, ssm_state_indices, out))
+        for r in range(0, B, rows)]
+    kernel = _jitted(_interpret_mode())
     # Triton launches on the current device and its current stream: make them the tensors'.
     device = mixed_qkv.device
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        _jitted(_interpret_mode())[grid](*args, **kwargs)
+        for x, a_, b_, idx, o in parts:
+            grid, args, kwargs = launch_config(x, a_, b_, a_log, dt_bias, state_ref, idx, o,
+                                               scale, softplus_threshold, config)
+            kernel[grid](*args, **kwargs)
     return out
