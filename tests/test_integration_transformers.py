@@ -309,6 +309,40 @@ def test_cache_reorder_then_decode():
     assert torch.equal(beams, beams_ref)
 
 
+@needs_tested
+def test_past_recording_and_reset_go_through_the_pool_view():
+    """After decode steps through the op, transformers' own code works on the state through the
+    pool's view: with past-state recording on, a step runs transformers' forward (not the op) and
+    equals, bit for bit, the unpatched model's step from a copy of that cache; reset zeroes it."""
+    model = make_model("qwen3_next", torch.bfloat16, seed=9)
+    g = torch.Generator().manual_seed(9)
+    prompt, mask = torch.randint(1, VOCAB, (2, 7), generator=g), torch.ones(2, 7, dtype=torch.long)
+    tokens = torch.randint(1, VOCAB, (4, 2), generator=g)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return custom_ops.fused_gdn_decode_reference(*args, **kwargs)
+
+    step = {"input_ids": tokens[3][:, None], "position_ids": torch.full((2, 1), 10)}
+    with torch.no_grad(), integ.patch_gdn_decode(model, kernel=counted):
+        _, cache = decode_logits(model, prompt, mask, tokens[:3])
+        assert len(calls) == 3 * len(gdn_layer_indices(model))
+        assert all(integ.state_pool(cache, i) is not None for i in gdn_layer_indices(model))
+        cache.activate_past_recording()
+        twin = copy.deepcopy(cache)
+        got = model(**step, **{cache_kw(): cache}).logits
+        assert len(calls) == 3 * len(gdn_layer_indices(model))
+    with torch.no_grad():
+        want = model(**step, **{cache_kw(): twin}).logits
+    assert torch.equal(got, want)
+    for i in gdn_layer_indices(model):
+        assert torch.equal(cache.layers[i].recurrent_states[0], twin.layers[i].recurrent_states[0])
+    pools = [integ.state_pool(cache, i) for i in gdn_layer_indices(model)]
+    cache.reset()
+    assert all(not p[1:].any() for p in pools)
+
+
 # (4) refused at patch time, with the supported dtypes named; the model stays unpatched.
 @needs_tested
 @pytest.mark.parametrize("family", FAMILIES)

@@ -10,7 +10,7 @@ The state. transformers keeps each layer's recurrent state as ``[B, Hv, K, V]`` 
 the op's layout, ``[B + 1, Hv, V, K]`` (slot 0 the null slot, row ``i`` in slot ``i + 1``), and the
 cache entry is replaced by the transposed view ``pool[1:].transpose(-1, -2)``: the same memory,
 still ``[B, Hv, K, V]`` to transformers. So the op updates the pool in place with no per-step
-conversion, and transformers' own code (chunked prefill, ``reset``, assisted decoding, continuing
+conversion, and transformers' own code (chunked prefill, ``reset``, past-state recording, continuing
 after ``unpatch``) keeps reading and writing the right numbers through the view. Code that replaces
 the cache tensor (``reorder_cache`` in beam search, ``offload``) leaves a plain tensor behind; the
 next decode step adopts it into a new pool (one copy, as transformers' own reorder makes one).
