@@ -5,9 +5,10 @@ locally (tests/vllm_driver.py).
 With CUSTOM_OPS_VLLM_CHECK=1 the plugin compares every decode call with vLLM's own decode kernel
 on the same inputs (output and updated state, per-dtype tolerances, layouts converted) and checks
 at every call that the slots carrying state hold exactly what the last call left, so a state lost
-through prefill, chunked prefill mixed with decode, slot reuse, or preemption and recompute fails
-the engine run. With ngram speculative decoding the plugin leaves every batch to vLLM and the
-tokens equal plugin-off. Skips only when the package registry is unreachable.
+through prefill, chunked prefill mixed with decode, slot reuse, preemption and recompute, or
+prefix caching's copies between slots fails the engine run. With ngram speculative decoding the
+plugin leaves every batch to vLLM and the tokens equal plugin-off. Skips only when the package
+registry is unreachable.
 """
 
 import json
@@ -97,6 +98,24 @@ def test_preemption_and_recompute_keep_every_state(vllm_python):
     # vLLM's kernel; the state carried into every call (recomputed ones included) was checked.
     assert r["decode_calls"] > 10 and r["checked_calls"] == r["decode_calls"], r
     assert r["other_calls"] > 0 and r["converted_slots"] > 0, r
+    assert r["checked_prior_slots"] > r["decode_rows"], r
+    assert r["max_out_diff"] > 0 or r["max_state_diff"] > 0
+
+
+def test_prefix_caching_keeps_every_state(vllm_python):
+    # Prefix caching, vLLM's default for these models (its mamba_cache_mode "align"): a request's
+    # state moves, between steps, from the slot of its previous block to that of its current one
+    # (vLLM's copy, outside the layer; the check's shadow repeats it). Prompts of 100-230 tokens
+    # sharing all but their last 7, in 128-token blocks, one request at a time: later requests
+    # start from a cached block's state; the 120- and 100-token ones decode across a block edge.
+    r = drive(vllm_python, "run", "--prefix-caching", "--shared-prefix", "--kv-heads", "4",
+              "--head-dim", "64", "--max-model-len", "512", "--lengths", "200,120,210,100,230",
+              "--max-tokens", "40", "--max-num-seqs", "1", "--max-num-batched-tokens", "128")
+    assert r["mamba_cache_mode"] == "align" and r["block_size"] == 128, r
+    assert sum(c > 0 for c in r["cached_tokens"]) >= 2, r["cached_tokens"]
+    assert r["followed_copies"] > 0, r
+    assert r["tokens"] == r["expected_tokens"]
+    assert r["decode_calls"] > 10 and r["checked_calls"] == r["decode_calls"], r
     assert r["checked_prior_slots"] > r["decode_rows"], r
     assert r["max_out_diff"] > 0 or r["max_state_diff"] > 0
 

