@@ -10,8 +10,9 @@ custom_ops installed (docs/npu.md):
 For each shape and (input, state) dtype pair it runs several decode steps on the NPU and on the
 CPU from the same inputs (a and b as column slices of one projection, some invalid rows) and
 compares the output and the whole state pool after every step, with the tolerances of the test
-suite. It also checks strided views and storage offsets (state_ref inside a larger buffer) and
-that the op honours the current stream and work queued just before it.
+suite. It also checks strided views and storage offsets (state_ref inside a larger buffer), that
+the op honours the current stream and work queued just before it, and two batch sizes at which
+the vendor kernel's slot-index buffer looks one row short (docs/npu.md).
 Exit status 0 only if everything matched.
 """
 
@@ -103,6 +104,21 @@ def check_stream(device):
             if e]
 
 
+def check_index_buffer(device, B):
+    """A batch whose rows straddle the vendor kernel's slot-index buffer: its tiling sizes the
+    buffer for 1 + (tasks per core - 1) // Hv rows, a core whose tasks start inside a row can
+    span one more, and the extra index would be overwritten by state data (read from the vendor
+    source, docs/npu.md; not seen on hardware). B = 301 on 40 vector cores, 361 on 48, Hv = 4.
+    A negative bf16 state keeps such an index negative: the symptom is then zero output rows and
+    untouched slots, never an access outside the pool."""
+    cpu = inputs(B, 2, 4, 128, 128, torch.bfloat16, torch.bfloat16, seed=2)
+    cpu["state_ref"] = -(cpu["state_ref"].abs() + 0.01)
+    npu = to_device(cpu, device)
+    out_cpu, out_npu = call(OP, cpu), call(OP, npu)
+    return [e for e in (close(out_npu.cpu(), out_cpu), close(npu["state_ref"].cpu(),
+                                                              cpu["state_ref"])) if e]
+
+
 def timing(device, B, H, Hv, K, V, dtype, state_dtype, iters):
     cpu = inputs(B, H, Hv, K, V, dtype, state_dtype)
     npu = to_device(cpu, device)
@@ -149,6 +165,13 @@ def main():
     print(f"{'FAIL' if errors else 'ok  '} side stream + queued producer")
     for e in errors:
         print(f"     {e}")
+    for B in (301, 361):
+        errors = check_index_buffer(args.device, B)
+        failures += bool(errors)
+        print(f"{'FAIL' if errors else 'ok  '} B={B} Hv=4: rows straddling the vendor's slot-index "
+              f"buffer (docs/npu.md)")
+        for e in errors:
+            print(f"     {e}")
 
     if not args.quick:
         print("\ntimings (per call; NPU includes launch, CPU on this host's cores):")
