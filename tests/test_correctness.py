@@ -9,12 +9,14 @@ import pytest
 import torch
 
 import custom_ops
+from custom_ops import fused_gdn_decode_reference
 from custom_ops.testing import (
     ARG_NAMES,
     DTYPE_PAIR_IDS,
     DTYPE_PAIRS,
     OP,
     Case,
+    assert_close,
     call,
     check_against_reference,
     clone_inputs,
@@ -108,11 +110,18 @@ def test_all_rows_invalid():
 
 
 def test_invalid_slot_zero_is_not_read():
-    """Slot 0 is the null slot: NaN there must not leak into any output."""
-    inputs = make_inputs(Case(B=3, invalid_rows=(1,)))
+    """Slot 0 is the null slot: rows with index 0 (and -1) neither read nor write it, so NaN there
+    leaks into no output and its bytes stay as they were; the valid row matches the reference."""
+    inputs = make_inputs(Case(B=3, indices=(0, 5, -1)))
     inputs["state_ref"][0] = float("nan")
+    ref = clone_inputs(inputs)
+    before = inputs["state_ref"].clone()
     out = call(OP, inputs)
-    assert not out.isnan().any()
+    out_ref = call(fused_gdn_decode_reference, ref)
+    assert torch.equal(out[[0, 2]], torch.zeros_like(out[[0, 2]]))
+    assert_close(out, out_ref, "out")
+    assert_close(inputs["state_ref"][1:], ref["state_ref"][1:], "state")
+    assert torch.equal(inputs["state_ref"][0].view(torch.int32), before[0].view(torch.int32))
 
 
 def _strided_copy(t, pad=3):

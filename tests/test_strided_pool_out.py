@@ -237,6 +237,23 @@ def test_out_next_to_state_is_accepted_one_element_into_it_is_not(mode):
             "both are views of one storage, out spanning its bytes [") in str(info.value)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_in_a_paged_pools_padding_is_rejected(backend):
+    """Rule 21 by the bytes a tensor spans: state_ref spans from its first slot to the end of its
+    last, so an out in the padding between two slots of a paged pool (bytes no slot holds) is
+    rejected, and neither the pool nor out changes."""
+    x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16, state_dtype=torch.bfloat16))
+    _, Hv, V, K = x["state_ref"].shape
+    view, buf = paged_pool(x["state_ref"], Hv * V * K + 3 * 64 + 8, 4)
+    gap = view.storage_offset() + Hv * V * K  # right after slot 0, before slot 1
+    out = buf[gap:gap + 3 * 64].view(3, 1, 4, 16)
+    before = storage_bytes(buf)
+    with _context(backend), pytest.raises(ValueError) as info:
+        call(_entry(backend, OUT), dict(x, state_ref=view), out=out)
+    assert "out must not share memory with state_ref" in str(info.value), info.value
+    assert torch.equal(storage_bytes(buf), before), "a rejected call changed the pool or out"
+
+
 @pytest.mark.parametrize("backend", ["cpu", "composite"])
 @pytest.mark.parametrize("indices,fragment", [
     ([3, 0, 3], "must not repeat a positive slot, but slot 3 is used by rows 0 and 2"),

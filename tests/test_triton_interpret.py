@@ -18,6 +18,7 @@ from custom_ops.testing import (  # noqa: E402
     ARG_NAMES,
     DTYPE_PAIR_IDS,
     DTYPE_PAIRS,
+    OP,
     VALUE_PLACES,
     Case,
     assert_close,
@@ -135,6 +136,16 @@ def test_grid_within_cuda_limits(K, V, state_dtype):
     v_tiles = triton.cdiv(V, tk.tile_config(K, V, state_dtype).BV)
     assert grid[0] == 2 and max(grid[1:]) <= 65535 and grid[1] * grid[2] >= v_tiles > 65535 or (
         V == 128 and grid == (2, v_tiles, 1))
+
+
+@pytest.mark.parametrize("fn", ["cpu", "triton"])
+def test_norm_epsilon_inside_the_root(fn):
+    # q and k of about 1e-4 per element: their sums of squares (about 6e-7 at K = 64) are of the
+    # size of the 1e-6 added before the square root (spec step 2), so an epsilon put anywhere
+    # else changes the normalised vectors by tens of percent.
+    x = make_inputs(Case(B=2, H=1, Hv=2, K=64, V=16, seed=11))
+    x["mixed_qkv"][:, :2 * 64].mul_(1e-4)
+    check_against_reference(x, fn=cuda_entry if fn == "triton" else OP)
 
 
 def test_deterministic():
