@@ -5,9 +5,14 @@ and a range of batch sizes, it times in one run:
   ours      the registered op on the chosen device (CPU kernel, NPU aclnn, CUDA Triton);
   reference the pure-torch reference (custom_ops.reference);
   compiled  torch.compile of the reference;
-  copy      a plain copy of the same state bytes (read + write): the memory-bandwidth ceiling;
+  copy      a plain copy of the same state bytes (read + write): a reference stream, not a
+            ceiling (a copy also reads its destination's lines in, which an update in place
+            does not, so the op can beat it);
   rmw       an in-place read-modify-write stream over the same bytes (what the op's traffic is,
             with no arithmetic): the ceiling for an in-place update.
+Both streams are split over the threads as torch splits an elementwise op (byte-sized elements,
+so that even the smallest state is more than one of its 32768-element chunks); the op splits
+by (row, value head).
 in two modes:
   dram      (the main table) every timed call works on fresh slots of a pool at least 4x the
             last-level cache (as the OS reports it), as in serving, where all layers' states of
@@ -217,10 +222,10 @@ class DramPool:
         return itertools.cycle(slot_windows(B, self.state.shape[0] - 1, seed, self.device))
 
     def byte_chunks(self, nbytes):
-        """An endless cycle of int32 views of nbytes / 2 consecutive fresh bytes each (the
+        """An endless cycle of byte views of nbytes / 2 consecutive fresh bytes each (the
         ceilings' read-modify-write or copy source), taken from the pool's own memory."""
-        flat = self.state.view(-1).view(torch.int32)
-        n = nbytes // 8  # int32 elements per chunk
+        flat = self.state.view(-1).view(torch.uint8)
+        n = nbytes // 2  # bytes per chunk
         count = flat.numel() // n
         return itertools.cycle([flat[c * n:(c + 1) * n] for c in range(count)])
 
@@ -235,11 +240,19 @@ def compiled_reference():
 
 
 def _ceiling_fn(backend, chunks):
-    """copy: a chunk into the next one; rmw: x |= 0 in place (same bytes read and written)."""
+    """copy: a chunk into the next one; rmw: x |= 0 in place (same bytes read and written).
+    A chunk of None for copy: copy the last one's halves into each other (cache mode: the same
+    bytes moved, and no more bytes resident than the op has)."""
     if backend == "copy":
         def fn():
             dst = next(chunks)
-            dst.copy_(next(chunks))
+            if dst is None:
+                src = next(chunks)
+                half = src.numel() // 2
+                src[half:2 * half].copy_(src[:half])
+                src[:half].copy_(src[half:2 * half])
+            else:
+                dst.copy_(next(chunks))
     else:
         def fn():
             next(chunks).bitwise_or_(0)
@@ -288,9 +301,8 @@ def run(args):
                     chunks = {c: pool.byte_chunks(nbytes) for c in CEILINGS}
                 else:
                     xm, windows = x, None
-                    src = torch.empty(nbytes // 8, dtype=torch.int32, device=device).fill_(1)
-                    chunks = {"copy": itertools.cycle([torch.empty_like(src), src]),
-                              "rmw": itertools.repeat(src)}
+                    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).fill_(1)
+                    chunks = {"copy": itertools.cycle([None, src]), "rmw": itertools.repeat(src)}
                 pool_slots = xm["state_ref"].shape[0]
                 row = {"mode": mode, "H": H, "Hv": Hv, "K": D, "V": D, "B": B, "pool": pool_slots,
                        "input": input_dtype_for(sd, args.input_dtype), "state": sd,
@@ -359,11 +371,12 @@ def run_variants(args):
                         state, rmw_chunks = pool.ensure(B), pool.byte_chunks(nbytes)
                     else:
                         state = x["state_ref"]
-                        rmw_chunks = itertools.repeat(torch.ones(nbytes // 8, dtype=torch.int32))
+                        rmw_chunks = itertools.repeat(torch.ones(nbytes // 2, dtype=torch.uint8))
                     fns = {"rmw": _ceiling_fn("rmw", rmw_chunks)}
+                    # One cycle for all variants: each call takes the next fresh window.
+                    windows = pool.windows(B) if mode == "dram" else itertools.repeat(
+                        x["ssm_state_indices"])
                     for isa in custom_ops.cpu_isas():
-                        windows = pool.windows(B) if mode == "dram" else itertools.repeat(
-                            x["ssm_state_indices"])
 
                         def fn(isa=isa, windows=windows, state=state):
                             custom_ops.set_cpu_isa(isa)
@@ -422,7 +435,8 @@ def machine_description(device):
 
 
 def format_table(rows, backends):
-    """us per call and GB/s per backend; for ours also % of the copy and rmw ceilings."""
+    """us per call and GB/s per backend; for ours also % of the copy stream and the rmw
+    ceiling."""
     header = f"{'H':>3} {'Hv':>3} {'state':>5} {'B':>4} |"
     for b in backends:
         header += f" {b + ' us':>13} {'GB/s':>6}"
@@ -477,7 +491,7 @@ def write_plot(rows, backends, path, title):
             for b in backends:
                 if b in CEILINGS:
                     style = {"color": "black", "linestyle": "--" if b == "copy" else ":"}
-                    label = f"{b} ceiling"
+                    label = "rmw ceiling" if b == "rmw" else "copy stream"
                 else:
                     style = {"marker": "o", "linewidth": 2 if b == "ours" else 1}
                     label = f"{b} H={H} Hv={Hv}" if b == "ours" else b
