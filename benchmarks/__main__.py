@@ -10,20 +10,20 @@ and a range of batch sizes, it times in one run:
             does not, so the op can beat it);
   rmw       an in-place read-modify-write stream over the same bytes (what the op's traffic is,
             with no arithmetic): the ceiling for an in-place update.
-Both streams are split over the threads as torch splits an elementwise op (byte-sized elements,
-so that even the smallest state is more than one of its 32768-element chunks); the op splits
-by (row, value head).
 in two modes:
   dram      (the main table) every timed call works on fresh slots of a pool at least 4x the
             last-level cache (as the OS reports it), as in serving, where all layers' states of
             all sequences never fit in cache; the ceilings stream over fresh bytes of it too;
   cache     every call works on the same B slots (and the ceilings on the same bytes), which stay
             cache-resident where they fit.
-Every backend's result is checked against the reference before it is timed. The tables give
-us per call, GB/s of state traffic (2 * B * Hv * V * K * element size), % of copy and of rmw
-bandwidth for the same bytes in the same mode, and speedup vs the reference; on the CPU a last
-table gives every kernel variant's GB/s at one batch size from DRAM. --csv/--json/--plot write the
-rows and a GB/s-vs-B plot (both modes, every state dtype).
+copy and rmw are split over the threads as torch splits an elementwise op (byte-sized elements,
+so that even the smallest state is more than one of its 32768-element chunks); the op splits by
+(row, value head); in cache mode copy moves the bytes between the two halves of one buffer, so it
+keeps no more bytes resident than the op. Every backend's result is checked against the reference
+before it is timed. The tables give us per call, GB/s of state traffic (2 * B * Hv * V * K *
+element size), % of copy and of rmw bandwidth for the same bytes in the same mode, and speedup vs
+the reference; on the CPU a last table gives every kernel variant's GB/s at one batch size from
+DRAM. --csv/--json/--plot write the rows and a GB/s-vs-B plot (both modes, every state dtype).
 """
 import argparse
 import glob
