@@ -410,16 +410,14 @@ inline __m256i bf16_words(__m512i high) {
                                          (21 << 16) | 5, (19 << 16) | 3, (17 << 16) | 1);
   return _mm512_castsi512_si256(_mm512_permutexvar_epi16(order, high));
 }
-// bf16 rounding in integers, the result in the HIGH 16 bits of each 32-bit lane: bits + 0x8000,
-// less one where the low 17 bits are 0x8000 (a tie rounds up only from an odd value); the bits of
-// AVX2's round_bf16_high_no_nan above. Right for every x but NaN.
+// bf16 rounding in integers, the result in the HIGH 16 bits of each 32-bit lane: bits + 0x7fff
+// + (bit 16 of bits), which carries into the high half when the low half is over 0x8000, or is
+// 0x8000 (a tie) from an odd value; the form of AVX2's round_bf16_high_no_nan above, with no
+// compare into a mask. Right for every x but NaN.
 inline __m512i round_bf16_high_no_nan(const Blk& a) {
   const __m512i bits = _mm512_castps_si512(a.v);
-  const __mmask16 tie_even =
-      _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x1ffff)),
-                              _mm512_set1_epi32(0x8000));
-  const __m512i up = _mm512_add_epi32(bits, _mm512_set1_epi32(0x8000));
-  return _mm512_mask_sub_epi32(up, tie_even, up, _mm512_set1_epi32(1));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  return _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), odd);
 }
 inline __m256i narrow_bf16(const Blk& a) {
   const __mmask16 nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);

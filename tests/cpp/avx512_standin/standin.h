@@ -135,12 +135,10 @@ inline __m512i add_epi32(__m512i a, __m512i b) {
   for (int l = 0; l < 16; ++l) r.v[l] = int32_t(uint32_t(r.v[l]) + uint32_t(y.v[l]));
   return vec(r);
 }
-inline __m512i mask_sub_epi32(__m512i src, __mmask16 k, __m512i a, __m512i b) {
-  I16 r = lanes(src);
-  const I16 x = lanes(a), y = lanes(b);
-  for (int l = 0; l < 16; ++l) {
-    if (set(k, l)) r.v[l] = int32_t(uint32_t(x.v[l]) - uint32_t(y.v[l]));
-  }
+// vpsrld: a logical shift right of each lane (n < 32).
+inline __m512i srli_epi32(__m512i a, unsigned n) {
+  I16 r = lanes(a);
+  for (int32_t& v : r.v) v = int32_t(uint32_t(v) >> n);
   return vec(r);
 }
 inline __m512i mask_mov_epi32(__m512i src, __mmask16 k, __m512i a) {
@@ -153,12 +151,6 @@ inline __m512i mask_mov_epi32(__m512i src, __mmask16 k, __m512i a) {
 }
 inline __m512 mask_mov_ps(__m512 src, __mmask16 k, __m512 a) {
   return bits_as<__m512>(mask_mov_epi32(bits_as<__m512i>(src), k, bits_as<__m512i>(a)));
-}
-inline __mmask16 cmpeq_epi32_mask(__m512i a, __m512i b) {
-  const I16 x = lanes(a), y = lanes(b);
-  unsigned k = 0;
-  for (int l = 0; l < 16; ++l) k |= unsigned(x.v[l] == y.v[l]) << l;
-  return static_cast<__mmask16>(k);
 }
 // vpshufb: within each 128-bit lane, byte j takes byte (b[j] & 15) of a's lane, or 0 if b[j] has
 // its top bit set.
@@ -260,9 +252,8 @@ inline __m256i cvtneps_pbh(__m512 a) {
 #undef _mm512_castps_si512
 #undef _mm512_castsi512_si256
 #undef _mm512_add_epi32
-#undef _mm512_mask_sub_epi32
+#undef _mm512_srli_epi32
 #undef _mm512_mask_mov_epi32
-#undef _mm512_cmpeq_epi32_mask
 #undef _mm512_shuffle_epi8
 #undef _mm512_permutexvar_epi16
 #define _mm512_setzero_ps standin::setzero_ps
@@ -294,8 +285,7 @@ inline __m256i cvtneps_pbh(__m512 a) {
 #define _mm512_castps_si512 standin::castps_si512
 #define _mm512_castsi512_si256 standin::castsi512_si256
 #define _mm512_add_epi32 standin::add_epi32
-#define _mm512_mask_sub_epi32 standin::mask_sub_epi32
+#define _mm512_srli_epi32 standin::srli_epi32
 #define _mm512_mask_mov_epi32 standin::mask_mov_epi32
-#define _mm512_cmpeq_epi32_mask standin::cmpeq_epi32_mask
 #define _mm512_shuffle_epi8 standin::shuffle_epi8
 #define _mm512_permutexvar_epi16 standin::permutexvar_epi16_512
