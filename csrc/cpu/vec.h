@@ -390,15 +390,15 @@ struct StateIo<float> {
   }
 };
 
-// Pair order with one in-lane byte shuffle: the 16 words broadcast to both 256-bit halves (from
-// memory that is a plain load), then dword i of the low half takes word 2i into its high bytes
-// (element 2i), dword i of the high half word 2i + 1 (element 2i + 1), the low bytes zero.
+// Pair order (element 2i in lane i, element 2i + 1 in lane 8 + i) with one word permute of the
+// 16 loaded words: word 2l + 1 of the result (lane l's high half) takes the element of lane l, the
+// even words (the low halves) are zeroed by the mask.
 inline Blk widen_bf16(__m256i w) {
-  const __m512i ctrl = _mm512_set_epi32(  // per 128-bit lane; 0x80: a zero byte
-      0x0f0e8080, 0x0b0a8080, 0x07068080, 0x03028080, 0x0f0e8080, 0x0b0a8080, 0x07068080,
-      0x03028080, 0x0d0c8080, 0x09088080, 0x05048080, 0x01008080, 0x0d0c8080, 0x09088080,
-      0x05048080, 0x01008080);
-  return {_mm512_castsi512_ps(_mm512_shuffle_epi8(_mm512_broadcast_i64x4(w), ctrl))};
+  const __m512i order = _mm512_set_epi32(15 << 16, 13 << 16, 11 << 16, 9 << 16, 7 << 16, 5 << 16,
+                                         3 << 16, 1 << 16, 14 << 16, 12 << 16, 10 << 16, 8 << 16,
+                                         6 << 16, 4 << 16, 2 << 16, 0);
+  return {_mm512_castsi512_ps(
+      _mm512_maskz_permutexvar_epi16(0xaaaaaaaau, order, _mm512_castsi256_si512(w)))};
 }
 // The rounded high words of a block picked into memory order (element 2i from lane i, element
 // 2i + 1 from lane 8 + i) by one word permute. With the rounding on all 16 lanes at once, about

@@ -113,12 +113,6 @@ inline __m256 extractf32x8_ps(__m512 a, int imm) {
 }
 inline float cvtss_f32(__m512 a) { return lanes(a).v[0]; }
 inline __m512 castsi512_ps(__m512i a) { return bits_as<__m512>(a); }
-inline __m512i broadcast_i64x4(__m256i a) {
-  __m512i r;
-  std::memcpy(&r, &a, 32);
-  std::memcpy(reinterpret_cast<char*>(&r) + 32, &a, 32);
-  return r;
-}
 inline __m512i set_epi32(int e15, int e14, int e13, int e12, int e11, int e10, int e9, int e8,
                          int e7, int e6, int e5, int e4, int e3, int e2, int e1, int e0) {
   return vec(I16{{e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15}});
@@ -152,17 +146,6 @@ inline __m512i mask_mov_epi32(__m512i src, __mmask16 k, __m512i a) {
 inline __m512 mask_mov_ps(__m512 src, __mmask16 k, __m512 a) {
   return bits_as<__m512>(mask_mov_epi32(bits_as<__m512i>(src), k, bits_as<__m512i>(a)));
 }
-// vpshufb: within each 128-bit lane, byte j takes byte (b[j] & 15) of a's lane, or 0 if b[j] has
-// its top bit set.
-inline __m512i shuffle_epi8(__m512i a, __m512i b) {
-  uint8_t x[64], c[64], r[64];
-  std::memcpy(x, &a, 64);
-  std::memcpy(c, &b, 64);
-  for (int j = 0; j < 64; ++j) r[j] = (c[j] & 0x80) ? 0 : x[(j & 0x30) | (c[j] & 0x0f)];
-  __m512i out;
-  std::memcpy(&out, r, 64);
-  return out;
-}
 // vpermw (512-bit): word j takes word idx[j] & 31 of a.
 inline __m512i permutexvar_epi16_512(__m512i idx, __m512i a) {
   uint16_t i[32], x[32], r[32];
@@ -172,6 +155,25 @@ inline __m512i permutexvar_epi16_512(__m512i idx, __m512i a) {
   __m512i out;
   std::memcpy(&out, r, 64);
   return out;
+}
+// vpermw with a zero mask: word j takes word idx[j] & 31 of a where bit j of k is set, else 0.
+inline __m512i maskz_permutexvar_epi16(__mmask32 k, __m512i idx, __m512i a) {
+  const __m512i p = permutexvar_epi16_512(idx, a);
+  uint16_t r[32];
+  std::memcpy(r, &p, 64);
+  for (int j = 0; j < 32; ++j) {
+    if (!((k >> j) & 1u)) r[j] = 0;
+  }
+  __m512i out;
+  std::memcpy(&out, r, 64);
+  return out;
+}
+// The upper half is undefined: filled with a pattern, so code that reads it gives wrong bits.
+inline __m512i castsi256_si512(__m256i a) {
+  __m512i r;
+  std::memset(&r, 0xa5, 64);
+  std::memcpy(&r, &a, 32);
+  return r;
 }
 inline __m256i maskz_loadu_epi16(__mmask16 k, const void* p) {
   W16 r{};
@@ -254,8 +256,9 @@ inline __m256i cvtneps_pbh(__m512 a) {
 #undef _mm512_add_epi32
 #undef _mm512_srli_epi32
 #undef _mm512_mask_mov_epi32
-#undef _mm512_shuffle_epi8
 #undef _mm512_permutexvar_epi16
+#undef _mm512_maskz_permutexvar_epi16
+#undef _mm512_castsi256_si512
 #define _mm512_setzero_ps standin::setzero_ps
 #define _mm512_set1_ps standin::set1_ps
 #define _mm512_set1_epi32 standin::set1_epi32
@@ -273,7 +276,6 @@ inline __m256i cvtneps_pbh(__m512 a) {
 #define _mm512_extractf32x8_ps standin::extractf32x8_ps
 #define _mm512_cvtss_f32 standin::cvtss_f32
 #define _mm512_castsi512_ps standin::castsi512_ps
-#define _mm512_broadcast_i64x4 standin::broadcast_i64x4
 #define _mm256_maskz_loadu_epi16 standin::maskz_loadu_epi16
 #define _mm256_mask_storeu_epi16 standin::mask_storeu_epi16
 #define _mm256_permutexvar_epi16 standin::permutexvar_epi16
@@ -287,5 +289,6 @@ inline __m256i cvtneps_pbh(__m512 a) {
 #define _mm512_add_epi32 standin::add_epi32
 #define _mm512_srli_epi32 standin::srli_epi32
 #define _mm512_mask_mov_epi32 standin::mask_mov_epi32
-#define _mm512_shuffle_epi8 standin::shuffle_epi8
 #define _mm512_permutexvar_epi16 standin::permutexvar_epi16_512
+#define _mm512_maskz_permutexvar_epi16 standin::maskz_permutexvar_epi16
+#define _mm512_castsi256_si512 standin::castsi256_si512
