@@ -71,16 +71,12 @@ inline int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
-// How far ahead of pass one (in bytes of state) to prefetch: more misses in flight than the
-// hardware prefetcher alone keeps when the state streams from DRAM. AVX2: 8 KiB, which on AMD Zen 3
-// brought fp32 about 3 points of rmw nearer it from DRAM than 4 KiB, 16-bit states within the
-// runs' spread (docs/bench_ab_avx2_prefetch.txt). Elsewhere 4 KiB: on AMD Zen 5 prefetching
-// farther did not help AVX-512.
-#if defined(CPU_CAPABILITY_AVX2)
+// How far ahead of pass one (in bytes of state) to prefetch, so that more misses are in flight
+// than the hardware prefetchers alone keep when the state streams from DRAM: 8 KiB. AVX2 prefetches
+// into L1: on AMD Zen 3, 8 KiB brought fp32 about 3 points of rmw nearer it from DRAM than 4 KiB,
+// 16-bit states within the runs' spread (docs/bench_ab_avx2_prefetch.txt). AVX-512 prefetches into
+// L2 (prefetch_at).
 constexpr int64_t kPrefetchBytes = 8192;
-#else
-constexpr int64_t kPrefetchBytes = 4096;
-#endif
 
 // kGroupRows: rows updated together (one group). A group's scalar tail (horizontal sums, v,
 // deltas, the finite test, the outputs) is one vector step for four rows (Quad) instead of four
@@ -127,22 +123,26 @@ inline Blk tail_mask(const int64_t order[kBlock], int64_t tail) {
   return blk_load(f);
 }
 
-// Prefetch the cache line at address a into L1. On AVX-512 an asm statement, not
-// __builtin_prefetch: GCC's scheduler moves the builtin's prefetches of a four-row group to the
-// group's top, one burst of 32, where a volatile asm stays next to the loads it is written with
-// (tests/test_cpu_codegen.py checks); a prototype that kept them there brought the fp32 kernel
-// nearer rmw from DRAM on AMD Zen 5 (this source is not yet timed on an AVX-512 CPU). On AVX2,
-// whose rows run their loops one after another, the asm moved fp32 nearer rmw from DRAM and fp16
-// further from it on Zen 3 (docs/bench_ab_avx2_prefetch.txt), so it keeps the builtin.
+// Prefetch the cache line at address a. On AVX-512 into L2 (prefetcht1), by an asm statement.
+// Into L2: a prefetch into L1 holds one of L1's few miss buffers for a whole DRAM latency, and on
+// AMD Zen 4 pass one's prefetches into L1 kept fp32 at 25-56 % of rmw from DRAM whether they ran
+// 4, 8, 16 or 32 KiB ahead (no prefetch: 29-47 %), where into L2, 8 KiB ahead, it came to 74-99 %
+// and 16-bit states 7-36 points nearer rmw (docs/bench_ab_zen4_prefetch.txt); the hardware
+// prefetchers bring the lines on from L2 to L1. An asm statement, not __builtin_prefetch: GCC's
+// scheduler moves the builtin's prefetches of a four-row group to the group's top, one burst of
+// 32, where a volatile asm stays next to the loads it is written with (tests/test_cpu_codegen.py
+// checks). AVX2, whose rows run their loops one after another, keeps the builtin into L1: there
+// the asm moved fp32 nearer rmw from DRAM and fp16 further from it on Zen 3
+// (docs/bench_ab_avx2_prefetch.txt).
 inline void prefetch_at(uintptr_t a) {
 #if defined(CPU_CAPABILITY_AVX512)
-  asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(a)));
+  asm volatile("prefetcht1 %0" : : "m"(*reinterpret_cast<const char*>(a)));
 #else
   __builtin_prefetch(reinterpret_cast<const void*>(a), 1, 3);
 #endif
 }
 
-// Prefetch for writing the cache line of the state element at p, once per line.
+// Prefetch the cache line kPrefetchBytes past the state element at p, once per line.
 template <typename S>
 inline void prefetch_line(const S* p, int64_t t) {
   // Integer arithmetic: the address may lie past the state; a prefetch never faults.
