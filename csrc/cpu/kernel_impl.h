@@ -97,18 +97,24 @@ constexpr int64_t kPrefetchBytes = 8192;
 // (bf16) or one vcvtph2ps (fp16): widening again took 16-21 % fewer ns per row in L1/L2 on AMD
 // Zen 3 than the ring's extra stores and reloads, and came 2-10 points nearer rmw from DRAM
 // (docs/bench_ab_avx2_widen.txt). The bits do not depend on it either.
+//
+// kFp32LeadOne: whether pass one of an fp32 state runs one group ahead of pass two, not two
+// (RowGroups::kLead, which says why). Same bits.
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int kGroupRows = 4;
 constexpr bool kSerialRows = false;
 constexpr bool kWidenOnce = true;
+constexpr bool kFp32LeadOne = true;
 #elif defined(CPU_CAPABILITY_AVX2)
 constexpr int kGroupRows = 4;
 constexpr bool kSerialRows = true;
 constexpr bool kWidenOnce = false;
+constexpr bool kFp32LeadOne = false;
 #else
 constexpr int kGroupRows = 1;
 constexpr bool kSerialRows = false;
 constexpr bool kWidenOnce = true;
+constexpr bool kFp32LeadOne = false;
 #endif
 
 // Lanes of the last partial block (K % kBlock elements) that hold real elements: all bits set
@@ -264,8 +270,11 @@ class RowGroups {
   // group's work to hide behind; one where a group is several rows run one after another: the
   // tail's latency is then a small part of the group's work, and with pass one two groups (eight
   // rows) ahead every 16-bit line from DRAM on Zen 3 came 1.5-12 points of rmw further from it than
-  // with one group (docs/bench_ab_avx2_rows.txt, run 1).
-  static constexpr int kLead = kSerialRows && kGroupSize > 1 ? 1 : 2;
+  // with one group (docs/bench_ab_avx2_rows.txt, run 1). One also for an fp32 state on AVX-512:
+  // on AMD Zen 4 it took 7 % fewer ns per row in L1/L2 and came 2-9 points nearer rmw from DRAM,
+  // where 16-bit states took 5-6 % more ns per row with it (docs/bench_ab_zen4_lead.txt).
+  static constexpr int kLead =
+      kGroupSize > 1 && (kSerialRows || (kFp32LeadOne && std::is_same_v<S, float>)) ? 1 : 2;
 
   // K: a compile-time constant where kHeadK is, so that row and block offsets are immediates.
   int64_t K() const { return kHeadK != 0 ? kHeadK : head_k_; }
