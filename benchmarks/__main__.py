@@ -26,6 +26,7 @@ the reference; on the CPU a last table gives every kernel variant's GB/s at one 
 DRAM. --csv/--json/--plot write the rows and a GB/s-vs-B plot (both modes, every state dtype).
 """
 import argparse
+import functools
 import glob
 import itertools
 import json
@@ -533,13 +534,21 @@ def run_cuda(args):
     return rows
 
 
+# What the figures depend on: the build and the benchmark. Not docs/, where a run's own output goes
+# (`> docs/bench_cpu.txt` changes a tracked file before the run starts).
+SOURCE_PATHS = ("csrc", "custom_ops", "benchmarks", "scripts", "setup.py", "pyproject.toml")
+
+
+@functools.lru_cache(maxsize=None)
 def source_commit():
-    """The checkout's commit (with "+changes" when the tree differs from it), or "unknown"."""
+    """The checkout's commit (with "+changes" when the sources, SOURCE_PATHS, differ from it), or
+    "unknown". Cached: main() asks before the run, so a commit made while it runs is not named."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10, check=True).stdout
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no",
+                                "--", *SOURCE_PATHS],
                                capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -563,6 +572,7 @@ def _write_tables(args, rows, machine, variants=()):
 
 def main(argv=None):
     args = parse_args(argv)
+    source_commit()
     if args.device == "cuda":
         if args.plot:
             sys.exit("--plot is only supported for --device cpu/npu")
