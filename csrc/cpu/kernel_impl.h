@@ -130,11 +130,11 @@ inline Blk tail_mask(const int64_t order[kBlock], int64_t tail) {
 }
 
 // Prefetch the cache line at address a. On AVX-512 into L2 (prefetcht1), by an asm statement.
-// Into L2: a prefetch into L1 holds one of L1's few miss buffers for a whole DRAM latency, and on
-// AMD Zen 4 pass one's prefetches into L1 kept fp32 at 25-56 % of rmw from DRAM whether they ran
-// 4, 8, 16 or 32 KiB ahead (no prefetch: 29-47 %), where into L2, 8 KiB ahead, it came to 74-99 %
-// and 16-bit states 7-36 points nearer rmw (docs/bench_ab_zen4_prefetch.txt); the hardware
-// prefetchers bring the lines on from L2 to L1. An asm statement, not __builtin_prefetch: GCC's
+// Into L2: on AMD Zen 4 pass one's prefetches into L1 kept fp32 at 25-56 % of rmw from DRAM
+// whether they ran 4, 8, 16 or 32 KiB ahead (no prefetch: 29-47 %), where into L2, 8 KiB ahead, it
+// came to 74-99 % and 16-bit states 7-36 points nearer rmw (docs/bench_ab_zen4_prefetch.txt),
+// likely because a prefetch into L1 holds one of L1's few miss buffers for a whole DRAM latency;
+// the hardware prefetchers bring the lines on from L2 to L1. An asm statement, not __builtin_prefetch: GCC's
 // scheduler moves the builtin's prefetches of a four-row group to the group's top, one burst of
 // 32, where a volatile asm stays next to the loads it is written with (tests/test_cpu_codegen.py
 // checks). AVX2, whose rows run their loops one after another, keeps the builtin into L1: there
