@@ -181,3 +181,32 @@ def test_cuda_route_matches_vllm_packed_decode(vllm_python):
     assert all(c["steps"] == 3 for c in r["cases"]), r
     assert r["stats"]["cuda_decode_calls"] == 6, r
     assert all(c["max_out_diff"] > 0 or c["max_state_diff"] > 0 for c in r["cases"]), r
+
+
+def test_gates_follow_weights_written_in_place():
+    """The gate parameters as the plugin hands them to the op: vLLM's own dtypes (A_log float32,
+    dt_bias in the activations' dtype) pass through uncopied; a converted copy is not kept, so
+    weights a loader writes through ``param.data`` reach the next call."""
+    import torch
+
+    from custom_ops.integrations.vllm import _gates
+
+    layer = torch.nn.Module()
+    layer.A_log = torch.nn.Parameter(torch.randn(8))
+    layer.dt_bias = torch.nn.Parameter(torch.randn(8, dtype=torch.bfloat16))
+    a_log, dt_bias = _gates(layer, torch.bfloat16)
+    assert a_log is layer.A_log and dt_bias is layer.dt_bias
+
+    _gates(layer, torch.float16)  # a converted dt_bias
+    fresh = torch.randn(8, dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.dt_bias.data.copy_(fresh)  # vLLM's default_weight_loader
+    _, dt_bias = _gates(layer, torch.float16)
+    assert torch.equal(dt_bias, fresh.to(torch.float16))
+
+    layer.A_log.data = torch.randn(8, dtype=torch.bfloat16)  # a replaced, 16-bit A_log
+    a_log, _ = _gates(layer, torch.bfloat16)
+    assert a_log.dtype == torch.float32 and torch.equal(a_log, layer.A_log.detach().float())
+    layer.A_log.data.copy_(torch.randn(8, dtype=torch.bfloat16))
+    a_log, _ = _gates(layer, torch.bfloat16)
+    assert torch.equal(a_log, layer.A_log.detach().float())

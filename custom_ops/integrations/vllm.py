@@ -280,13 +280,16 @@ def _conv_update(layer, x, indices):
 
 
 def _gates(layer, dtype):
-    # Our op takes a_log in float32 and dt_bias in the activations' dtype; converted once (the
-    # weights are loaded before the first forward).
-    cached = getattr(layer, "_custom_ops_gates", None)
-    if cached is None or cached[1].dtype != dtype:
-        cached = (layer.A_log.detach().float().contiguous(), layer.dt_bias.detach().to(dtype))
-        layer._custom_ops_gates = cached
-    return cached
+    # Our op takes a_log in float32 and dt_bias in the activations' dtype, as vLLM keeps them
+    # (A_log float32, dt_bias in the model's dtype): then the parameters themselves. Otherwise
+    # converted at every call, not cached: vLLM's loaders write param.data in place (weight
+    # reloads, RL weight sync), which a cached copy would not see.
+    a_log, dt_bias = layer.A_log, layer.dt_bias
+    if a_log.dtype != torch.float32 or not a_log.is_contiguous():
+        a_log = a_log.float().contiguous()
+    if dt_bias.dtype != dtype:
+        dt_bias = dt_bias.to(dtype)
+    return a_log, dt_bias
 
 
 def _decode(layer, m, mixed_qkv, b, a, core_attn_out, pool, check):
