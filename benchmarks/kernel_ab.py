@@ -38,8 +38,8 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import cpu_variants  # noqa: E402  (csrc/cpu/variants.def)
 
 # setup.py's kernel flags (CXX_FLAGS + _TORCH_CXX + -ffp-contract=off), without -fPIC.
-BASE_FLAGS = ["-O3", "-Wall", "-Wno-unused-function", "-Wno-unknown-pragmas", "-fopenmp",
-              "-std=c++20", "-ffp-contract=off"]
+BASE_FLAGS = ["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function", "-Wno-unknown-pragmas",
+              "-fopenmp", "-std=c++20", "-ffp-contract=off"]
 MODES = ("dram", "cache", "l1")
 STATES = ("fp32", "bf16", "fp16")
 

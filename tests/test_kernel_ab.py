@@ -70,3 +70,23 @@ def test_kernel_ab_rejects_unknown_source():
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "neither a directory nor a git revision" in r.stderr
+
+
+def test_kernel_ab_compiles_with_the_extensions_kernel_flags():
+    """kernel_ab times the kernel as the extension builds it: every flag setup.py gives the kernel
+    files (CXX_FLAGS of a release build, the C++ standard, -ffp-contract=off) is in its list."""
+    import ast
+
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    lists = {}
+    for node in tree.body:  # the first, release-build assignment of each name
+        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.List)):
+            lists.setdefault(node.targets[0].id, [e.value for e in node.value.elts
+                                                  if isinstance(e, ast.Constant)])
+    wanted = lists["CXX_FLAGS"] + lists["OPENMP"] + ["-std=c++20", "-ffp-contract=off"]
+    assert "-fvisibility=hidden" in wanted
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import kernel_ab
+
+    assert [f for f in wanted if f not in kernel_ab.BASE_FLAGS] == []
