@@ -134,12 +134,12 @@ inline Blk tail_mask(const int64_t order[kBlock], int64_t tail) {
 // whether they ran 4, 8, 16 or 32 KiB ahead (no prefetch: 29-47 %), where into L2, 8 KiB ahead, it
 // came to 74-99 % and 16-bit states 7-36 points nearer rmw (docs/bench_ab_zen4_prefetch.txt),
 // likely because a prefetch into L1 holds one of L1's few miss buffers for a whole DRAM latency;
-// the hardware prefetchers bring the lines on from L2 to L1. An asm statement, not __builtin_prefetch: GCC's
-// scheduler moves the builtin's prefetches of a four-row group to the group's top, one burst of
-// 32, where a volatile asm stays next to the loads it is written with (tests/test_cpu_codegen.py
-// checks). AVX2, whose rows run their loops one after another, keeps the builtin into L1: there
-// the asm moved fp32 nearer rmw from DRAM and fp16 further from it on Zen 3
-// (docs/bench_ab_avx2_prefetch.txt).
+// the hardware prefetchers bring the lines on from L2 to L1. An asm statement, not
+// __builtin_prefetch: GCC's scheduler moves the builtin's prefetches of a four-row group to the
+// group's top, one burst of 32, where a volatile asm stays next to the loads it is written with
+// (tests/test_cpu_codegen.py checks). AVX2, whose rows run their loops one after another, keeps
+// the builtin into L1: there the asm moved fp32 nearer rmw from DRAM and fp16 further from it on
+// Zen 3 (docs/bench_ab_avx2_prefetch.txt).
 inline void prefetch_at(uintptr_t a) {
 #if defined(CPU_CAPABILITY_AVX512)
   asm volatile("prefetcht1 %0" : : "m"(*reinterpret_cast<const char*>(a)));
@@ -265,7 +265,7 @@ class RowGroups {
   }
 
  private:
-  static constexpr int R = kGroupSize;
+  static constexpr int R = kGroupSize;  // rows per group, short for the array bounds below
   // How many groups pass one runs ahead of pass two. Two, so that a group's tail has a whole
   // group's work to hide behind; one where a group is several rows run one after another: the
   // tail's latency is then a small part of the group's work, and with pass one two groups (eight
@@ -461,11 +461,11 @@ inline float at2(const void* base, int64_t i, int64_t j, int64_t si, int64_t sj)
   return static_cast<float>(static_cast<const T*>(base)[i * si + j * sj]);
 }
 
-// q (scaled) and k of key head h of row i, L2-normalised in fp32 into dst[0, Kp) and
-// dst[Kp, 2Kp), zero-padded past K and permuted into the element order of the state loads.
-// The sums of squares go lane-wise over whole blocks in memory order (the padding adds zeros), then
-// through sum_rows' tree: one order on every ISA and for every state dtype, and no chain of K
-// dependent adds (which took most of this function's time).
+// q (scaled) and k of key head h of one row of mixed_qkv (`row`, column stride cs), L2-normalised
+// in fp32 into dst[0, Kp) and dst[Kp, 2Kp), zero-padded past K and permuted into the element order
+// of the state loads. The sums of squares go lane-wise over whole blocks in memory order (the
+// padding adds zeros), then through sum_rows' tree: one order on every ISA and for every state
+// dtype, and no chain of K dependent adds (which took most of this function's time).
 template <typename T>
 void normalize_qk(const T* row, int64_t cs, int64_t H, int64_t h, int64_t K, int64_t Kp,
                   float scale, const int64_t order[kBlock], bool identity, float* dst) {
@@ -519,7 +519,7 @@ void run_k(const GdnParams& p) {
   const int64_t group = Hv / H;  // value heads per key head
   const int64_t Kp = round_up(K, kBlock);
   const T* qkv = static_cast<const T*>(p.mixed_qkv);
-  const int64_t rs = p.qkv_stride_row, cs = p.qkv_stride_col;
+  const int64_t rs = p.qkv_stride_row, cs = p.qkv_stride_col;  // mixed_qkv's strides
   S* state = static_cast<S*>(p.state);
   T* out = static_cast<T*>(p.out);
   const int64_t grouped = V / kGroupRows * kGroupRows;  // rows in whole groups
