@@ -22,8 +22,9 @@ so that even the smallest state is more than one of its 32768-element chunks); t
 keeps no more bytes resident than the op. Every backend's result but the reference's own is
 checked against the reference before it is timed. The tables give us per call, GB/s of state
 traffic (2 * B * Hv * V * K * element size), % of copy and of rmw bandwidth for the same bytes in
-the same mode, and speedup vs the reference; on the CPU a last table gives every kernel variant's GB/s at one batch size from
-DRAM. --csv/--json/--plot write the rows and a GB/s-vs-B plot (both modes, every state dtype).
+the same mode, and speedup vs the reference; on the CPU a last table gives every kernel variant's
+GB/s at one batch size from DRAM. --csv/--json/--plot write the rows and a GB/s-vs-B plot (both
+modes, every state dtype).
 """
 import argparse
 import functools
