@@ -26,6 +26,9 @@ ZMM_STACK = re.compile(r"%zmm\d+.*\(%r[sb]p\)|\(%r[sb]p\).*%zmm\d+")
 SLOT = re.compile(r"(-?(?:0x[0-9a-f]+)?\(%r[sb]p\))")
 FMA = re.compile(r"^vfn?m(?:add|sub)")
 PREFETCH = re.compile(r"^prefetch")
+needs_objdump = pytest.mark.skipif(shutil.which("objdump") is None,
+                                   reason="objdump (binutils) is not installed")
+
 # The row kernels specialised on K: their block loops are unrolled, so the whole function is the
 # loop over row groups. (The generic one parks its accumulators around the last partial block,
 # outside its block loops, which costs little.)
@@ -130,21 +133,21 @@ def _offenders(check):
     return found, len(kernels), listing
 
 
-@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
+@needs_objdump
 def test_avx512_row_kernels_keep_their_prefetches_next_to_their_loads():
     bursts, kernels, listing = _offenders(prefetch_bursts)
     assert not bursts, (f"{len(bursts)} of {kernels} AVX-512 row kernels issue their prefetches "
                         f"in bursts:\n{listing}")
 
 
-@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
+@needs_objdump
 def test_avx512_row_kernels_keep_their_accumulators_in_registers():
     spilled, kernels, listing = _offenders(accumulators_on_the_stack)
     assert not spilled, (f"{len(spilled)} of {kernels} AVX-512 row kernels keep accumulators on "
                          f"the stack:\n{listing}")
 
 
-@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
+@needs_objdump
 def test_avx512_row_kernels_prefetch_into_l2():
     other, kernels, listing = _offenders(prefetches_not_into_l2)
     assert not other, (f"{len(other)} of {kernels} AVX-512 row kernels prefetch other than into "
