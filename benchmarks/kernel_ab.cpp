@@ -9,7 +9,8 @@
 //   MODE     dram: fresh slots of a pool of POOL_BYTES every call (the serving case);
 //            cache: the same B slots every call;
 //            l1: one value head of 128 and 512 rows (B = 1, H = Hv = 1, in L1/L2 on 1 thread):
-//                prints ns per row from the difference, the per-call costs cancelled
+//                prints ns per row from the difference, the per-call costs cancelled;
+//            l1only: the same from 8 and 40 rows, the state in L1
 //   STATES   comma-separated of fp32, bf16, fp16 (inputs bf16; fp16 for an fp16 state)
 //   THREADS, BATCHES  comma-separated lists
 //   CHECK    1: stop (exit status 1) when a build's bits differ from AB0's; 0: say so and time it
@@ -258,14 +259,22 @@ std::vector<double> medians(Problem<T, S>& problem, int reps) {
 template <typename T, typename S>
 bool report(const char* name, const char* mode, const std::vector<int>& threads,
             const std::vector<int>& batches, int reps, size_t pool_bytes) {
-  if (!std::strcmp(mode, "l1")) {
+  const bool l1 = !std::strcmp(mode, "l1"), l1only = !std::strcmp(mode, "l1only");
+  if (l1 || l1only) {
+    // One value head of a small and a large row count, timed alone: 128 and 512 rows (the larger
+    // in L2 for every state dtype), or 8 and 40 (at most 20 KiB of state: in L1 with the
+    // kernel's vectors and ring). The difference is ns per row without the per-call costs.
+    const int lo = l1 ? 128 : 8, hi = l1 ? 512 : 40, calls = l1 ? 20 : 100;
     at::set_num_threads(1);
-    Problem<T, S> small({1, 1, 1, 128, 128}, false, 0), large({1, 1, 1, 128, 512}, false, 0);
+    Problem<T, S> small({1, 1, 1, 128, lo}, false, 0), large({1, 1, 1, 128, hi}, false, 0);
     if (!small.same_bits() || !large.same_bits()) return false;
-    const auto a = medians(small, reps * 40), b = medians(large, reps * 20);
-    std::printf("%-5s l1    1 thread, ns per row:", name);
-    for (size_t k = 0; k + 1 < a.size(); ++k) std::printf("  AB%zu %6.2f", k, (b[k] - a[k]) / 384 * 1e9);
-    std::printf("  | rmw %6.2f\n", (b.back() - a.back()) / 384 * 1e9);
+    const auto a = medians(small, reps * calls * 2), b = medians(large, reps * calls);
+    const double rows = hi - lo;
+    std::printf("%-5s %-5s 1 thread, ns per row:", name, mode);
+    for (size_t k = 0; k + 1 < a.size(); ++k) {
+      std::printf("  AB%zu %6.2f", k, (b[k] - a[k]) / rows * 1e9);
+    }
+    std::printf("  | rmw %6.2f\n", (b.back() - a.back()) / rows * 1e9);
     return true;
   }
   const bool fresh = !std::strcmp(mode, "dram");

@@ -19,9 +19,10 @@ set (``--isa``, default: the one the op picks here) under its own CPU_CAPABILITY
   ratio to rmw, so levels from a slow spell are not the kernel's.
 
 Modes: ``dram`` (fresh slots of a pool of 4x the last-level cache every call, as in serving),
-``cache`` (the same B slots every call) and ``l1`` (ns per state row of one value head on one
-thread in L1/L2, from 512 rows less 128, the per-call costs cancelled). Shapes are Qwen3-Next's
-(H=16, Hv=32, K=V=128). The op's own figures come from ``python -m benchmarks``; this is for
+``cache`` (the same B slots every call), ``l1`` (ns per state row of one value head on one
+thread in L1/L2, from 512 rows less 128, the per-call costs cancelled: the larger head is in L2)
+and ``l1only`` (the same from 40 rows less 8, the state in L1: the kernel's arithmetic alone).
+Shapes are Qwen3-Next's (H=16, Hv=32, K=V=128). The op's own figures come from ``python -m benchmarks``; this is for
 comparing sources, the build flags being the extension's (setup.py).
 """
 
@@ -40,7 +41,7 @@ import cpu_variants  # noqa: E402  (csrc/cpu/variants.def)
 # setup.py's kernel flags (CXX_FLAGS + _TORCH_CXX + -ffp-contract=off), without -fPIC.
 BASE_FLAGS = ["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function", "-Wno-unknown-pragmas",
               "-fopenmp", "-std=c++20", "-ffp-contract=off"]
-MODES = ("dram", "cache", "l1")
+MODES = ("dram", "cache", "l1", "l1only")
 STATES = ("fp32", "bf16", "fp16")
 
 

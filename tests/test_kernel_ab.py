@@ -38,7 +38,7 @@ def test_kernel_ab_times_equal_bits_and_refuses_different_ones(tmp_path):
     env = dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", "2"))
     r = subprocess.run(
         [sys.executable, "-m", "benchmarks.kernel_ab", str(ROOT), str(other), "--isa", "avx2",
-         "--mode", "l1,cache", "--states", "bf16,fp16", "--threads", "1", "--batch", "2",
+         "--mode", "l1,l1only,cache", "--states", "bf16,fp16", "--threads", "1", "--batch", "2",
          "--reps", "3", "--build-dir", str(tmp_path / "build")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     out = r.stdout
@@ -46,12 +46,14 @@ def test_kernel_ab_times_equal_bits_and_refuses_different_ones(tmp_path):
     lines = out.splitlines()
     # bf16: the same bits, so both builds are timed in both modes.
     timed = [l for l in lines if l.startswith("bf16 ")]
-    assert len(timed) == 2, out
-    l1, cache = timed
-    assert "AB0" in l1 and "AB1" in l1 and "rmw" in l1, out
+    assert len(timed) == 3, out
+    l1, l1only, cache = timed
+    for line, mode in ((l1, "l1   "), (l1only, "l1only")):
+        assert line.startswith(f"bf16  {mode} 1 thread, ns per row:"), out
+        assert "AB0" in line and "AB1" in line and "rmw" in line, out
     assert cache.startswith("bf16  cache B=2") and cache.count("%") == 2, out
-    # fp16: refused before any timing, in both modes.
-    assert out.count("build 1: bits differ from build 0") == 2, out
+    # fp16: refused before any timing, in every mode.
+    assert out.count("build 1: bits differ from build 0") == 3, out
     assert not [l for l in lines if l.startswith("fp16 ")], out
 
     # --no-bit-check: said, and timed anyway.
