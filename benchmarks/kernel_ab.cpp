@@ -178,16 +178,20 @@ class Problem {
     return same;
   }
 
-  // Seconds of one call of build k (k == builds_count(): the rmw), on the next B slots.
-  double time(size_t k) {
+  // Seconds of one call of build k (k == builds_count(): the rmw), on the next B slots; the
+  // mean of `calls` calls one after another (on the same slots), for calls shorter than the
+  // clock's steps (10 ns on a KVM guest's TSC).
+  double time(size_t k, int calls = 1) {
     next_slots();
     const auto t0 = Clock::now();
-    if (k < ks_.size()) {
-      ks_[k](p_);
-    } else {
-      rmw();
+    for (int c = 0; c < calls; ++c) {
+      if (k < ks_.size()) {
+        ks_[k](p_);
+      } else {
+        rmw();
+      }
     }
-    return std::chrono::duration<double>(Clock::now() - t0).count();
+    return std::chrono::duration<double>(Clock::now() - t0).count() / calls;
   }
 
  private:
@@ -235,16 +239,17 @@ class Problem {
   GdnParams p_;
 };
 
-// Median seconds per build (rmw last), interleaved over reps repetitions after two warm-up ones.
+// Median seconds per build and call (rmw last), interleaved over reps repetitions after two warm-up
+// ones, each repetition timing `calls` calls of each build.
 // Each repetition starts one build later than the one before, so that no build always follows
 // the same one (a call pays for what the call before it left: dirty lines still to write back).
 template <typename T, typename S>
-std::vector<double> medians(Problem<T, S>& problem, int reps) {
+std::vector<double> medians(Problem<T, S>& problem, int reps, int calls = 1) {
   std::vector<std::vector<double>> t(problem.builds_count() + 1);
   for (int rep = 0; rep < reps + 2; ++rep) {
     for (size_t j = 0; j < t.size(); ++j) {
       const size_t k = (j + rep) % t.size();
-      const double s = problem.time(k);
+      const double s = problem.time(k, calls);
       if (rep >= 2) t[k].push_back(s);
     }
   }
@@ -264,11 +269,12 @@ bool report(const char* name, const char* mode, const std::vector<int>& threads,
     // One value head of a small and a large row count, timed alone: 128 and 512 rows (the larger
     // in L2 for every state dtype), or 8 and 40 (at most 20 KiB of state: in L1 with the
     // kernel's vectors and ring). The difference is ns per row without the per-call costs.
-    const int lo = l1 ? 128 : 8, hi = l1 ? 512 : 40, calls = l1 ? 20 : 100;
+    const int lo = l1 ? 128 : 8, hi = l1 ? 512 : 40, samples = l1 ? 20 : 25, calls = l1 ? 1 : 8;
     at::set_num_threads(1);
     Problem<T, S> small({1, 1, 1, 128, lo}, false, 0), large({1, 1, 1, 128, hi}, false, 0);
     if (!small.same_bits() || !large.same_bits()) return false;
-    const auto a = medians(small, reps * calls * 2), b = medians(large, reps * calls);
+    const auto a = medians(small, reps * samples * 2, calls);
+    const auto b = medians(large, reps * samples, calls);
     const double rows = hi - lo;
     std::printf("%-5s %-5s 1 thread, ns per row:", name, mode);
     for (size_t k = 0; k + 1 < a.size(); ++k) {
