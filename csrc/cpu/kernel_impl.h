@@ -129,37 +129,50 @@ inline Blk tail_mask(const int64_t order[kBlock], int64_t tail) {
   return blk_load(f);
 }
 
-// Prefetch the cache line at address a. On AVX-512 into L2 (prefetcht1), by an asm statement.
-// Into L2: on AMD Zen 4 pass one's prefetches into L1 kept fp32 at 25-56 % of rmw from DRAM
-// whether they ran 4, 8, 16 or 32 KiB ahead (no prefetch: 29-47 %), where into L2, 8 KiB ahead, it
-// came to 74-99 % and 16-bit states 7-36 points nearer rmw (docs/bench_ab_zen4_prefetch.txt),
-// likely because a prefetch into L1 holds one of L1's few miss buffers for a whole DRAM latency;
-// the hardware prefetchers bring the lines on from L2 to L1. An asm statement, not
-// __builtin_prefetch: GCC's scheduler moves the builtin's prefetches of a four-row group to the
-// group's top, one burst of 32, where a volatile asm stays next to the loads it is written with
-// (tests/test_cpu_codegen.py checks). AVX2, whose rows run their loops one after another, keeps
-// the builtin into L1: there the asm moved fp32 nearer rmw from DRAM and fp16 further from it on
-// Zen 3 (docs/bench_ab_avx2_prefetch.txt).
-inline void prefetch_at(uintptr_t a) {
+// Prefetch the cache line `offset` bytes past base. On AVX-512 into L2 (prefetcht1), by an asm
+// statement. Into L2: on AMD Zen 4 pass one's prefetches into L1 kept fp32 at 25-56 % of rmw from
+// DRAM whether they ran 4, 8, 16 or 32 KiB ahead (no prefetch: 29-47 %), where into L2, 8 KiB
+// ahead, it came to 74-99 % and 16-bit states 7-36 points nearer rmw
+// (docs/bench_ab_zen4_prefetch.txt), likely because a prefetch into L1 holds one of L1's few miss
+// buffers for a whole DRAM latency; the hardware prefetchers bring the lines on from L2 to L1. An
+// asm statement, not __builtin_prefetch: GCC's scheduler moves the builtin's prefetches of a
+// four-row group to the group's top, one burst of 32, where a volatile asm stays next to the loads
+// it is written with. Where the offset is a constant (K known at compile time) the asm takes it as
+// an immediate, so that the address is the group's base register plus a displacement, as the
+// state loads' are: given the address as one memory operand, GCC computed a group's addresses ahead
+// into registers and, short of registers, kept them on the stack and in xmm registers, a reload
+// or a move per prefetch; without them an fp32 row took 18 % fewer ns in L1 on Zen 4, bf16 7-8 %
+// and fp16 7-9 % (docs/bench_ab_zen4_prefetch_disp.txt). tests/test_cpu_codegen.py checks both.
+// AVX2, whose rows run their loops one after another, keeps the builtin into L1: there the asm
+// moved fp32 nearer rmw from DRAM and fp16 further from it on Zen 3
+// (docs/bench_ab_avx2_prefetch.txt).
+__attribute__((always_inline)) inline void prefetch_at(const void* base, int64_t offset) {
+  // Integer arithmetic: the address may lie past the state; a prefetch never faults.
+  const uintptr_t a = reinterpret_cast<uintptr_t>(base) + offset;
 #if defined(CPU_CAPABILITY_AVX512)
+#if defined(__OPTIMIZE__)
+  if (__builtin_constant_p(offset)) {
+    asm volatile("prefetcht1 %c1(%0)" : : "r"(base), "i"(offset));
+    return;
+  }
+#endif
   asm volatile("prefetcht1 %0" : : "m"(*reinterpret_cast<const char*>(a)));
 #else
   __builtin_prefetch(reinterpret_cast<const void*>(a), 1, 3);
 #endif
 }
 
-// Prefetch the cache line kPrefetchBytes past the state element at p, once per line.
+// Prefetch the cache line kPrefetchBytes past element `at` of base (in block t), once per line.
 template <typename S>
-inline void prefetch_line(const S* p, int64_t t) {
-  // Integer arithmetic: the address may lie past the state; a prefetch never faults.
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p) + kPrefetchBytes;
+__attribute__((always_inline)) inline void prefetch_line(const S* base, int64_t at, int64_t t) {
+  const int64_t offset = at * static_cast<int64_t>(sizeof(S)) + kPrefetchBytes;
   constexpr int64_t kBlockBytes = kBlock * sizeof(S);
   if constexpr (kBlockBytes >= 64) {
     for (int64_t b = 0; b < kBlockBytes; b += 64) {
-      prefetch_at(a + b);
+      prefetch_at(base, offset + b);
     }
   } else if ((t * static_cast<int64_t>(sizeof(S))) % 64 == 0) {
-    prefetch_at(a);
+    prefetch_at(base, offset);
   }
 }
 
@@ -295,7 +308,7 @@ class RowGroups {
       const S* p = rows + r * K() + t;
       Blk x;
       if (n == kBlock) {
-        prefetch_line(p, t);
+        prefetch_line(rows, r * K() + t, t);
         StateIo<S>::load(p, x);
       } else {
         StateIo<S>::load(p, n, x);
