@@ -239,10 +239,10 @@ class Problem {
   GdnParams p_;
 };
 
-// Median seconds per build and call (rmw last), interleaved over reps repetitions after two warm-up
-// ones, each repetition timing `calls` calls of each build.
-// Each repetition starts one build later than the one before, so that no build always follows
-// the same one (a call pays for what the call before it left: dirty lines still to write back).
+// Median seconds per build and call (rmw last), interleaved over reps repetitions after two
+// warm-up ones, each repetition timing `calls` calls of each build. Each repetition starts one
+// build later than the one before, so that no build always follows the same one (a call pays for
+// what the call before it left: dirty lines still to write back).
 template <typename T, typename S>
 std::vector<double> medians(Problem<T, S>& problem, int reps, int calls = 1) {
   std::vector<std::vector<double>> t(problem.builds_count() + 1);

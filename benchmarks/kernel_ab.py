@@ -22,8 +22,9 @@ Modes: ``dram`` (fresh slots of a pool of 4x the last-level cache every call, as
 ``cache`` (the same B slots every call), ``l1`` (ns per state row of one value head on one
 thread in L1/L2, from 512 rows less 128, the per-call costs cancelled: the larger head is in L2)
 and ``l1only`` (the same from 40 rows less 8, the state in L1: the kernel's arithmetic alone).
-Shapes are Qwen3-Next's (H=16, Hv=32, K=V=128). The op's own figures come from ``python -m benchmarks``; this is for
-comparing sources, the build flags being the extension's (setup.py).
+Shapes are Qwen3-Next's (H=16, Hv=32, K=V=128). The op's own figures come from
+``python -m benchmarks``; this is for comparing sources, the build flags being the extension's
+(setup.py).
 """
 
 import argparse

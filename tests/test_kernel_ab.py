@@ -44,7 +44,7 @@ def test_kernel_ab_times_equal_bits_and_refuses_different_ones(tmp_path):
     out = r.stdout
     assert r.returncode == 1, out + r.stderr
     lines = out.splitlines()
-    # bf16: the same bits, so both builds are timed in both modes.
+    # bf16: the same bits, so both builds are timed in every mode.
     timed = [l for l in lines if l.startswith("bf16 ")]
     assert len(timed) == 3, out
     l1, l1only, cache = timed
