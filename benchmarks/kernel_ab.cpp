@@ -154,6 +154,26 @@ class Problem {
 
   size_t builds_count() const { return ks_.size(); }
 
+  // How far b is from a: how many elements differ and the largest difference relative to
+  // a's largest magnitude (a NaN in either counts as a difference of 1).
+  template <typename U>
+  static std::string distance(const char* what, const std::vector<U>& a, const std::vector<U>& b) {
+    size_t n = 0;
+    double scale = 0, worst = 0;
+    for (size_t e = 0; e < a.size(); ++e) scale = std::max(scale, std::fabs(double(float(a[e]))));
+    for (size_t e = 0; e < a.size(); ++e) {
+      if (std::memcmp(&a[e], &b[e], sizeof(U)) == 0) continue;
+      ++n;
+      const double x = float(a[e]), y = float(b[e]);
+      const double d = std::isnan(x) || std::isnan(y) ? 1.0 : std::fabs(x - y) / scale;
+      worst = std::max(worst, d);
+    }
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "%s %zu of %zu elements, largest difference %.2e of max |%s|",
+                  what, n, a.size(), worst, what);
+    return buf;
+  }
+
   // Whether every build gives AB0's out and state (three steps from the same B slots).
   bool same_bits() {
     next_slots();
@@ -169,8 +189,10 @@ class Problem {
         first_out = out_;
       } else if (std::memcmp(first_state.data(), slots().data(), first_state.size() * sizeof(S)) ||
                  std::memcmp(first_out.data(), out_.data(), out_.size() * sizeof(T))) {
-        std::printf("build %zu: bits differ from build 0%s\n", k,
-                    g_check ? "" : " (timed anyway)");
+        std::printf("build %zu: bits differ from build 0%s: %s; %s\n", k,
+                    g_check ? "" : " (timed anyway)",
+                    distance("state", first_state, slots()).c_str(),
+                    distance("out", first_out, out_).c_str());
         if (g_check) same = false;
       }
     }

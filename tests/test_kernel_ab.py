@@ -7,6 +7,7 @@ zero instead of to nearest even, so its fp16 states differ while its bf16 ones d
 
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -52,8 +53,15 @@ def test_kernel_ab_times_equal_bits_and_refuses_different_ones(tmp_path):
         assert line.startswith(f"bf16  {mode} 1 thread, ns per row:"), out
         assert "AB0" in line and "AB1" in line and "rmw" in line, out
     assert cache.startswith("bf16  cache B=2") and cache.count("%") == 2, out
-    # fp16: refused before any timing, in every mode.
+    # fp16: refused before any timing, in every mode, saying how far apart the builds are.
     assert out.count("build 1: bits differ from build 0") == 3, out
+    distances = re.findall(r"state (\d+) of (\d+) elements, largest difference (\S+) of max", out)
+    assert len(distances) == 3, out
+    for differing, total, worst in distances:
+        # Rounding toward zero moves a stored element by less than one fp16 step (2^-10 of its
+        # magnitude) per call, three calls here, and leaves some alone (the exact ones, and those
+        # whose nearest value lay toward zero).
+        assert 0 < int(differing) < int(total) and 0 < float(worst) < 2.0**-7, out
     assert not [l for l in lines if l.startswith("fp16 ")], out
 
     # --no-bit-check: said, and timed anyway.
