@@ -289,6 +289,12 @@ class RowGroups {
   static constexpr int kLead =
       kGroupSize > 1 && (kSerialRows || (kFp32LeadOne && std::is_same_v<S, float>)) ? 1 : 2;
 
+  // Whether full blocks are stored in pairs (kPairStores, store_paired). Not where K is known and
+  // at most 64: that row kernel keeps k, q and exp(g) k in registers, and the held blocks would
+  // push it past AVX-512's 32 (an FMA then reads a spilled operand from the stack,
+  // tests/test_cpu_codegen.py).
+  static constexpr bool kPairs = kPairStores<S> && (kHeadK == 0 || kHeadK > 64);
+
   // K: a compile-time constant where kHeadK is, so that row and block offsets are immediates.
   int64_t K() const { return kHeadK != 0 ? kHeadK : head_k_; }
   int64_t full_blocks_end() const { return K() / kBlock * kBlock; }
@@ -404,6 +410,7 @@ class RowGroups {
     [[maybe_unused]] const float* mine = widened(n);
     [[maybe_unused]] float* keep_ahead = widened(n + kLead);
     Blk delta[R];
+    [[maybe_unused]] Blk held[R];  // an even block of each row, stored with the next (kPairs)
     for_rows<kRows>([&](auto i) __attribute__((always_inline)) {
       constexpr int r = kFirst + i;
       delta[r] = blk_set1(delta_[slot][r]);
@@ -435,6 +442,8 @@ class RowGroups {
         acc[r] = blk_fmadd(x, qb, acc[r]);
         if (n != kBlock) {
           StateIo<S>::store(p, n, x);
+        } else if constexpr (kPairs && kFinite) {
+          store_paired(p, t, x, held[r]);
         } else if constexpr (kFinite) {
           StateIo<S>::store_finite(p, x);
         } else {
@@ -453,6 +462,20 @@ class RowGroups {
       if constexpr (kAhead) {
         dot_block<kFirst, kRows>(ahead, keep_ahead, full_blocks_end(), K() % kBlock);
       }
+    }
+  }
+
+  // Full block t (at p) of a NaN-free group whose blocks are stored in pairs (kPairs): an
+  // even block with a full block after it is held and stored with that one, a last full block
+  // without one alone. Pass two reads the ring (or, without it, blocks it has not stored yet), so
+  // holding a block back changes nothing it reads.
+  __attribute__((always_inline)) void store_paired(S* p, int64_t t, const Blk& x, Blk& held) const {
+    if ((t / kBlock) % 2 == 1) {
+      StateIo<S>::store_pair_finite(p - kBlock, held, x);
+    } else if (t + kBlock < full_blocks_end()) {
+      held = x;
+    } else {
+      StateIo<S>::store_finite(p, x);
     }
   }
 

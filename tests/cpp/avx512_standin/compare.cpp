@@ -109,7 +109,7 @@ void compare(int K, int V, bool specialize, int seed) {
 } // namespace
 
 int main() {
-  for (int K : {64, 96, 128, 136, 256, 2032}) {
+  for (int K : {64, 88, 96, 128, 136, 256, 2032}) {
     for (int V : {13, 16, 128}) {
       for (bool specialize : {false, true}) {
         for (int seed : {1, 2, 3, 4}) {

@@ -156,6 +156,19 @@ inline __m512i permutexvar_epi16_512(__m512i idx, __m512i a) {
   std::memcpy(&out, r, 64);
   return out;
 }
+// vpermt2w (512-bit): word j takes word idx[j] & 31 of a where bit 5 of idx[j] is clear, of b
+// where it is set.
+inline __m512i permutex2var_epi16(__m512i a, __m512i idx, __m512i b) {
+  uint16_t i[32], x[64], r[32];
+  std::memcpy(i, &idx, 64);
+  std::memcpy(x, &a, 64);
+  std::memcpy(x + 32, &b, 64);
+  for (int j = 0; j < 32; ++j) r[j] = x[i[j] & 63];
+  __m512i out;
+  std::memcpy(&out, r, 64);
+  return out;
+}
+inline void storeu_si512(void* p, __m512i a) { std::memcpy(p, &a, 64); }
 // vpermw with a zero mask: word j takes word idx[j] & 31 of a where bit j of k is set, else 0.
 inline __m512i maskz_permutexvar_epi16(__mmask32 k, __m512i idx, __m512i a) {
   const __m512i p = permutexvar_epi16_512(idx, a);
@@ -291,4 +304,6 @@ inline __m256i cvtneps_pbh(__m512 a) {
 #define _mm512_mask_mov_epi32 standin::mask_mov_epi32
 #define _mm512_permutexvar_epi16 standin::permutexvar_epi16_512
 #define _mm512_maskz_permutexvar_epi16 standin::maskz_permutexvar_epi16
+#define _mm512_permutex2var_epi16 standin::permutex2var_epi16
+#define _mm512_storeu_si512 standin::storeu_si512
 #define _mm512_castsi256_si512 standin::castsi256_si512
