@@ -3,7 +3,8 @@
 // the same inputs, first for their bits (out and state must equal AB0's), then timed interleaved:
 // every repetition calls each build once and an in-place read-modify-write of the same bytes, in
 // an order rotated every repetition, so the machine's drift hits them alike. Prints one line per
-// (state dtype, B, threads): medians in us, and each build's % of the rmw time.
+// (state dtype, B, threads): medians in us, and each build's % of the rmw time, and the core's
+// clock read before and after the line.
 //
 // Usage: kernel_ab MODE STATES THREADS BATCHES REPS POOL_BYTES CHECK
 //   MODE     dram: fresh slots of a pool of POOL_BYTES every call (the serving case);
@@ -52,9 +53,10 @@ bool g_check = true;
 
 // The core's clock in GHz, from a chain of dependent adds (one a cycle on x86-64 cores); 0
 // elsewhere. A shared VM's cores slow by half for minutes at a time while memory does not, which
-// lowers every ratio to rmw, the more so the more compute a state dtype costs: printed before and
-// after a mode's lines, so that a slow spell shows. The best of five readings of about 20 ms: a
-// core waking from idle takes a few ms to clock up.
+// lowers every ratio to rmw, the more so the more compute a state dtype costs, and a neighbour on
+// the same core looks the same to it: read before and after each line, so that a slow spell shows
+// where it fell. The best of five readings of about 20 ms: a core waking from idle takes a few ms
+// to clock up.
 double core_ghz() {
 #if defined(__x86_64__)
   constexpr long kAdds = 50000000;
@@ -283,6 +285,14 @@ std::vector<double> medians(Problem<T, S>& problem, int reps, int calls = 1) {
   return m;
 }
 
+// " | clock A-B GHz": the clock read before and after a line (nothing where it cannot be read).
+std::string clock_note(double before, double after) {
+  if (before <= 0) return "";
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "  | clock %.2f-%.2f GHz", before, after);
+  return buf;
+}
+
 template <typename T, typename S>
 bool report(const char* name, const char* mode, const std::vector<int>& threads,
             const std::vector<int>& batches, int reps, size_t pool_bytes) {
@@ -295,6 +305,7 @@ bool report(const char* name, const char* mode, const std::vector<int>& threads,
     at::set_num_threads(1);
     Problem<T, S> small({1, 1, 1, 128, lo}, false, 0), large({1, 1, 1, 128, hi}, false, 0);
     if (!small.same_bits() || !large.same_bits()) return false;
+    const double ghz = core_ghz();
     const auto a = medians(small, reps * samples * 2, calls);
     const auto b = medians(large, reps * samples, calls);
     const double rows = hi - lo;
@@ -302,7 +313,8 @@ bool report(const char* name, const char* mode, const std::vector<int>& threads,
     for (size_t k = 0; k + 1 < a.size(); ++k) {
       std::printf("  AB%zu %6.2f", k, (b[k] - a[k]) / rows * 1e9);
     }
-    std::printf("  | rmw %6.2f\n", (b.back() - a.back()) / rows * 1e9);
+    std::printf("  | rmw %6.2f%s\n", (b.back() - a.back()) / rows * 1e9,
+                clock_note(ghz, core_ghz()).c_str());
     return true;
   }
   const bool fresh = !std::strcmp(mode, "dram");
@@ -311,12 +323,13 @@ bool report(const char* name, const char* mode, const std::vector<int>& threads,
       at::set_num_threads(th);
       Problem<T, S> problem({B, 16, 32, 128, 128}, fresh, pool_bytes);
       if (!problem.same_bits()) return false;
+      const double ghz = core_ghz();
       const auto m = medians(problem, reps);
       std::printf("%-5s %-5s B=%-3d threads=%d  rmw %8.1f us |", name, mode, B, th, m.back() * 1e6);
       for (size_t k = 0; k + 1 < m.size(); ++k) {
         std::printf("  AB%zu %8.1f us %5.1f%%", k, m[k] * 1e6, 100 * m.back() / m[k]);
       }
-      std::printf("\n");
+      std::printf("%s\n", clock_note(ghz, core_ghz()).c_str());
       std::fflush(stdout);
     }
   }
@@ -337,7 +350,6 @@ int main(int argc, char** argv) {
   const int reps = std::atoi(argv[5]);
   const size_t pool = std::strtoull(argv[6], nullptr, 10);
   g_check = std::atoi(argv[7]) != 0;
-  const double ghz_before = core_ghz();
   bool ok = true;
   std::stringstream in(states);
   for (std::string s; std::getline(in, s, ',');) {
@@ -351,10 +363,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "unknown state dtype %s\n", s.c_str());
       return 2;
     }
-  }
-  if (ghz_before > 0) {
-    std::printf("%s: core clock %.2f GHz before these lines, %.2f after (a chain of dependent adds; "
-                "a drop means the machine slowed during them)\n", mode, ghz_before, core_ghz());
   }
   return ok ? 0 : 1;
 }

@@ -14,9 +14,10 @@ set (``--isa``, default: the one the op picks here) under its own CPU_CAPABILITY
   repetition calls each build once and the rmw once, in an order rotated every repetition, so a
   shared machine's drift hits all alike. Name a source twice (``A B A B``) to see the spread
   between copies of one build;
-- after each mode's lines, prints the core's clock before and after them (a chain of dependent
-  adds, x86-64): a shared VM's cores slow for minutes while memory does not, which lowers every
-  ratio to rmw, so levels from a slow spell are not the kernel's.
+- ends each line with the core's clock read before and after it (a chain of dependent adds,
+  x86-64): a shared VM's cores slow for minutes while memory does not (or a neighbour shares the
+  core, which reads the same), which lowers every ratio to rmw, so levels from a slow spell are not
+  the kernel's, and differences between sources can shrink in one.
 
 Modes: ``dram`` (fresh slots of a pool of 4x the last-level cache every call, as in serving),
 ``cache`` (the same B slots every call), ``l1`` (ns per state row of one value head on one

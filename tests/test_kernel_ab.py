@@ -53,6 +53,9 @@ def test_kernel_ab_times_equal_bits_and_refuses_different_ones(tmp_path):
         assert line.startswith(f"bf16  {mode} 1 thread, ns per row:"), out
         assert "AB0" in line and "AB1" in line and "rmw" in line, out
     assert cache.startswith("bf16  cache B=2") and cache.count("%") == 2, out
+    for line in timed:  # each line ends with the clock read around it
+        m = re.search(r"  \| clock (\d+\.\d\d)-(\d+\.\d\d) GHz$", line)
+        assert m and all(0.3 < float(g) < 10 for g in m.groups()), line
     # fp16: refused before any timing, in every mode, saying how far apart the builds are.
     assert out.count("build 1: bits differ from build 0") == 3, out
     distances = re.findall(r"state (\d+) of (\d+) elements, largest difference (\S+) of max", out)
