@@ -186,14 +186,14 @@ class Problem {
     for (size_t k = 0; k < ks_.size(); ++k) {
       set_slots(start);
       for (int step = 0; step < 3; ++step) ks_[k](p_);
+      const std::vector<S> state = slots();
       if (k == 0) {
-        first_state = slots();
+        first_state = state;
         first_out = out_;
-      } else if (std::memcmp(first_state.data(), slots().data(), first_state.size() * sizeof(S)) ||
+      } else if (std::memcmp(first_state.data(), state.data(), state.size() * sizeof(S)) ||
                  std::memcmp(first_out.data(), out_.data(), out_.size() * sizeof(T))) {
         std::printf("build %zu: bits differ from build 0%s: %s; %s\n", k,
-                    g_check ? "" : " (timed anyway)",
-                    distance("state", first_state, slots()).c_str(),
+                    g_check ? "" : " (timed anyway)", distance("state", first_state, state).c_str(),
                     distance("out", first_out, out_).c_str());
         if (g_check) same = false;
       }
