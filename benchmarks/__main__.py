@@ -387,14 +387,18 @@ def run_variants(args):
                             custom_ops.set_cpu_isa(isa)
                             call(op, dict(x, state_ref=state, ssm_state_indices=next(windows)))
                         fns[isa] = fn
+                    # The core's clock around the line: a slow spell (or a neighbour on the same
+                    # core) lowers every ratio to rmw, the compute-bound 16-bit ones most.
+                    before = torch.ops.custom_ops_internal.core_clock_ghz()
                     times = time_calls(fns, sync, args.min_time)
+                    after = torch.ops.custom_ops_internal.core_clock_ghz()
                     for isa in custom_ops.cpu_isas():
                         t = times[isa]
                         rows.append({"variant": isa, "state": sd, "B": B, "mode": mode,
                                      "threads": threads, "us": t * 1e6,
                                      "GBps": nbytes / t / 1e9, "pct_rmw": 100.0 * times["rmw"] / t,
                                      "ns_per_row": t * 1e9 * threads / (B * Hv * D),
-                                     "ours_ok": ok[isa]})
+                                     "clock_ghz": [before, after], "ours_ok": ok[isa]})
     finally:
         custom_ops.set_cpu_isa(old_isa)
         torch.set_num_threads(old_threads)
@@ -403,7 +407,7 @@ def run_variants(args):
 
 def format_variants(rows):
     """One line per (state, B, mode, threads): each variant's GB/s, % of rmw and ns per state row
-    per thread."""
+    per thread, and the core's clock read before and after the line where it was read."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     header = f"{'state':>5} {'B':>4} {'mode':>5} {'thr':>3} |" + "".join(
         f" {v + ' GB/s':>15} {'%rmw':>5} {'ns/row':>6} |" for v in variants) + " check"
@@ -417,6 +421,9 @@ def format_variants(rows):
             line += (f" {r['GBps']:15.1f} {r['pct_rmw']:5.0f} {r['ns_per_row']:6.1f} |" if r
                      else f" {'-':>15} {'-':>5} {'-':>6} |")
         line += f" {'ok' if all(r['ours_ok'] for r in by.values()) else 'FAIL'}"
+        before, after = next(iter(by.values())).get("clock_ghz", (0, 0))
+        if before > 0:
+            line += f" | clock {before:.2f}-{after:.2f} GHz"
         lines.append(line)
     return "\n".join(lines)
 
@@ -606,7 +613,7 @@ def main(argv=None):
         variants = run_variants(args)
         print(f"\nEvery CPU kernel variant, H={QWEN3_NEXT[0]} Hv={QWEN3_NEXT[1]} (ns/row: "
               f"per state row of K={args.head_dim} per thread; each line timed interleaved with "
-              f"its rmw):")
+              f"its rmw; the core's clock read before and after it, where it can be read):")
         print(format_variants(variants))
     _write_tables(args, rows, machine, variants)
     if args.device == "cpu" and args.callers:

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "core_clock.h"
 #include "cpu/kernel.h"
 
 // kernel_ab_builds.inc: AB_BUILD(n) for each build, written by kernel_ab.py.
@@ -50,30 +51,6 @@ using Clock = std::chrono::steady_clock;
 volatile uint32_t g_zero = 0;
 // Whether differing bits stop a line (CHECK).
 bool g_check = true;
-
-// The core's clock in GHz, from a chain of dependent adds (one a cycle on x86-64 cores); 0
-// elsewhere. A shared VM's cores slow by half for minutes at a time while memory does not, which
-// lowers every ratio to rmw, the more so the more compute a state dtype costs, and a neighbour on
-// the same core looks the same to it: read before and after each line, so that a slow spell shows
-// where it fell. The best of five readings of about 20 ms: a core waking from idle takes a few ms
-// to clock up.
-double core_ghz() {
-#if defined(__x86_64__)
-  constexpr long kAdds = 50000000;
-  double best = 0;
-  for (int reading = 0; reading < 5; ++reading) {
-    long x = 0;
-    const auto t0 = Clock::now();
-    for (long i = 0; i < kAdds; ++i) {
-      asm volatile("add $1, %0" : "+r"(x));
-    }
-    best = std::max(best, kAdds / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
-  }
-  return best;
-#else
-  return 0;
-#endif
-}
 
 template <typename T, typename S>
 std::vector<void (*)(const GdnParams&)> builds() {
@@ -305,7 +282,7 @@ bool report(const char* name, const char* mode, const std::vector<int>& threads,
     at::set_num_threads(1);
     Problem<T, S> small({1, 1, 1, 128, lo}, false, 0), large({1, 1, 1, 128, hi}, false, 0);
     if (!small.same_bits() || !large.same_bits()) return false;
-    const double ghz = core_ghz();
+    const double ghz = custom_ops::core_clock_ghz();
     const auto a = medians(small, reps * samples * 2, calls);
     const auto b = medians(large, reps * samples, calls);
     const double rows = hi - lo;
@@ -314,7 +291,7 @@ bool report(const char* name, const char* mode, const std::vector<int>& threads,
       std::printf("  AB%zu %6.2f", k, (b[k] - a[k]) / rows * 1e9);
     }
     std::printf("  | rmw %6.2f%s\n", (b.back() - a.back()) / rows * 1e9,
-                clock_note(ghz, core_ghz()).c_str());
+                clock_note(ghz, custom_ops::core_clock_ghz()).c_str());
     return true;
   }
   const bool fresh = !std::strcmp(mode, "dram");
@@ -323,13 +300,13 @@ bool report(const char* name, const char* mode, const std::vector<int>& threads,
       at::set_num_threads(th);
       Problem<T, S> problem({B, 16, 32, 128, 128}, fresh, pool_bytes);
       if (!problem.same_bits()) return false;
-      const double ghz = core_ghz();
+      const double ghz = custom_ops::core_clock_ghz();
       const auto m = medians(problem, reps);
       std::printf("%-5s %-5s B=%-3d threads=%d  rmw %8.1f us |", name, mode, B, th, m.back() * 1e6);
       for (size_t k = 0; k + 1 < m.size(); ++k) {
         std::printf("  AB%zu %8.1f us %5.1f%%", k, m[k] * 1e6, 100 * m.back() / m[k]);
       }
-      std::printf("%s\n", clock_note(ghz, core_ghz()).c_str());
+      std::printf("%s\n", clock_note(ghz, custom_ops::core_clock_ghz()).c_str());
       std::fflush(stdout);
     }
   }

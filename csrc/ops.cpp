@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core_clock.h"
 #include "cpu/kernel.h"
 #include "fused_gdn_decode.h"
 
@@ -66,6 +67,9 @@ TORCH_LIBRARY(custom_ops_internal, m) {
         [](const at::Tensor& indices, int64_t block_num) {
           custom_ops::check_slot_indices(indices, block_num);
         });
+  // The core's clock in GHz (0 where it cannot be read): `python -m benchmarks` prints it around
+  // each line of its per-variant table.
+  m.def("core_clock_ghz() -> float", []() { return custom_ops::core_clock_ghz(); });
   // Every CPU kernel variant (csrc/cpu/variants.def), built or not, in order of preference.
   m.def("cpu_variants() -> str[]", []() { return custom_ops::cpu::variant_names(); });
   // The CPU kernel variant in use.
