@@ -12,6 +12,7 @@ Example counts: the default run is derandomized (reproducible in CI) and takes w
 `pytest --slow` runs 25x more with fresh randomness; CUSTOM_OPS_FUZZ_EXAMPLES=N sets N per test.
 """
 
+import math
 import os
 
 import pytest
@@ -324,6 +325,28 @@ def test_inf_in_v_stays_inf_with_partial_vectors(isa, K, state_dtype):
     out = call(OP, x)  # on the kernel variant of the isa fixture
     out_ref = call(fused_gdn_decode_reference, ref_x)
     assert out_ref[0, 0, 0, 0] == float("inf")
+    _assert_matches(out, out_ref, "out")
+    _assert_matches(x["state_ref"], ref_x["state_ref"], "state")
+
+
+@pytest.mark.parametrize("dtype,state_dtype", DTYPE_PAIRS)
+def test_infinite_state_with_a_vanishing_decay(isa, dtype, state_dtype):
+    """exp(g) = 1.4e-44 (a float32 denormal) on a state holding +-Inf where k is small: the
+    contract decays each state element before the dot product, (exp(g) s) k = Inf k = Inf;
+    s (exp(g) k) would round exp(g) k to zero there and give Inf * 0 = NaN for the whole row."""
+    K = 72
+    x = _build(_simple(B=2, H=1, Hv=2, K=K, V=8, dtype=dtype, state_dtype=state_dtype))
+    x["mixed_qkv"][:, K:2 * K] = 1.0
+    x["mixed_qkv"][:, K + 3] = 1e-3  # k[3] ~ 1e-4 after normalising: exp(g) k[3] underflows
+    x["a"].fill_(1.0)
+    x["dt_bias"].zero_()
+    x["a_log"].fill_(math.log(101.0 / math.log1p(math.e)))  # g = -exp(a_log) softplus(1) = -101
+    x["state_ref"][1, 0, 0, 3] = float("inf")
+    x["state_ref"][2, 1, 5, 3] = float("-inf")
+    ref_x = dict(x, state_ref=x["state_ref"].clone())
+    out = call(OP, x)
+    out_ref = call(fused_gdn_decode_reference, ref_x)
+    assert ref_x["state_ref"][1, 0, 0].isinf().sum() == K - 1, "the reference keeps the Infs"
     _assert_matches(out, out_ref, "out")
     _assert_matches(x["state_ref"], ref_x["state_ref"], "state")
 

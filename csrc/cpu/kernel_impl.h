@@ -4,7 +4,7 @@
 //
 // Memory-bound: the state is B*Hv*V*K elements and each element is loaded once from memory and
 // stored once. Per state row (K elements) we make two passes that both hit L1: the first computes
-// u = S (exp(g) k), the second writes S' = exp(g) S + delta k^T and accumulates out = S' q.
+// u = (exp(g) S) k, the second writes S' = exp(g) S + delta k^T and accumulates out = S' q.
 #pragma once
 
 #define CUSTOM_OPS_CONCAT_(a, b) a##b
@@ -208,7 +208,6 @@ template <typename T>
 struct HeadVectors {
   const float* q;          // scale * q / |q|
   const float* k;          // k / |k|
-  const float* decayed_k;  // exp(g) k (see RowGroups)
   float decay;             // exp(g)
   float beta;
   const T* v;              // v[r * v_stride] is row r's value
@@ -219,9 +218,12 @@ struct HeadVectors {
 
 // The rows [0, rows) of one value head's state (each head_k elements, rows a multiple of
 // kGroupSize) and their outputs:
-//   u = S (exp(g) k); delta = beta (v - u); S' = exp(g) S + delta k^T; o = S' q.
-// The decay multiplies k before the dot product, not the sum after it: S k alone can overflow
-// where exp(g) S k does not.
+//   D = exp(g) S (each element rounded); u = D k; delta = beta (v - u); S' = D + delta k^T;
+//   o = S' q.
+// The contract's order (docs/spec.md): the decay multiplies each state element before the dot
+// product, so u's terms are (exp(g) s[t]) k[t], not s[t] (exp(g) k[t]): the two round
+// differently, and where exp(g) k[t] underflows to zero an infinite s[t] would give NaN where the
+// contract gives +-Inf.
 //
 // Rows go in groups of kGroupSize, and each group in two passes over its state, both hitting L1:
 // pass one (the dot products u) and pass two (the update and the output). Pass one of group
@@ -236,10 +238,11 @@ struct HeadVectors {
 template <typename S, int kGroupSize, int kHeadK, typename T>
 class RowGroups {
  public:
-  // A 16-bit state's rows are widened once where kWidenOnce: pass one keeps its fp32 blocks in an
-  // L1 ring of three groups (group n in ring slot n % 3; pass one runs at most two groups ahead
-  // of pass two), which pass two reads instead of widening the state again. Widening is exact, so
-  // the bits are the same either way.
+  // A 16-bit state's rows are widened once where kWidenOnce: pass one keeps its fp32 blocks,
+  // multiplied by exp(g), in an L1 ring of three groups (group n in ring slot n % 3; pass one runs
+  // at most two groups ahead of pass two), which pass two reads instead of widening and
+  // multiplying again. Widening is exact and the product the same, so the bits are the same
+  // either way.
   static constexpr bool kKeepWidened = kWidenOnce && !std::is_same_v<S, float>;
 
   // Floats of one slot of the ring of widened rows: a block more than a group's rows, so that the
@@ -290,7 +293,7 @@ class RowGroups {
       kGroupSize > 1 && (kSerialRows || (kFp32LeadOne && std::is_same_v<S, float>)) ? 1 : 2;
 
   // Whether full blocks are stored in pairs (kPairStores, store_paired). Not where K is known and
-  // at most 64: that row kernel keeps k, q and exp(g) k in registers, and the held blocks would
+  // at most 64: that row kernel keeps k and q in registers, and the held blocks would
   // push it past AVX-512's 32 (an FMA then reads a spilled operand from the stack,
   // tests/test_cpu_codegen.py).
   static constexpr bool kPairs = kPairStores<S> && (kHeadK == 0 || kHeadK > 64);
@@ -304,11 +307,11 @@ class RowGroups {
   float* widened(int64_t n) const { return widened_ + (n % 3) * ring_slot(K()); }
 
   // Pass one over one block of rows [kFirst, kFirst + kRows) of the group at `rows`, n <= kBlock
-  // elements: u[r] += s[r][t] * exp(g) k[t], lane-wise (and the widened block kept in `keep`).
+  // elements: u[r] += (exp(g) s[r][t]) k[t], lane-wise (and exp(g) s[r][t] kept in `keep`).
   template <int kFirst = 0, int kRows = R>
   __attribute__((always_inline)) void dot_block(const S* rows, float* keep, int64_t t,
                                                 int64_t n) {
-    const Blk kb = blk_load(h_.decayed_k + t);
+    const Blk kb = blk_load(h_.k + t);
     for_rows<kRows>([&](auto i) __attribute__((always_inline)) {
       constexpr int r = kFirst + i;
       const S* p = rows + r * K() + t;
@@ -319,6 +322,7 @@ class RowGroups {
       } else {
         StateIo<S>::load(p, n, x);
       }
+      x = blk_mul(x, decay_);
       if constexpr (kKeepWidened) {
         blk_store(keep + r * padded_k() + t, x);
       }
@@ -327,10 +331,10 @@ class RowGroups {
   }
 
   // The deltas of the group at `first` from its finished dot products. When every u and delta is
-  // finite, no updated state value can be NaN: finite u means every s[t] and exp(g) k[t] was
-  // finite (an infinite or NaN term keeps the sum non-finite), so exp(g) s[t] is finite and adding
-  // delta k[t] can at most overflow to +-Inf. Its stores can then skip their NaN handling
-  // (StateIo::store_finite).
+  // finite, no updated state value can be NaN: finite u means every exp(g) s[t] and k[t] was
+  // finite (an infinite or NaN term, or Inf times 0, keeps the sum non-finite), and adding
+  // delta k[t] to a finite exp(g) s[t] can at most overflow to +-Inf. Its stores can then skip
+  // their NaN handling (StateIo::store_finite).
   __attribute__((always_inline)) void finish_dot(int64_t first, int slot) {
     if constexpr (R == 4) {
       const Quad sums = quad_sum_rows(u_);
@@ -425,15 +429,21 @@ class RowGroups {
       for_rows<kRows>([&](auto i) __attribute__((always_inline)) {
         constexpr int r = kFirst + i;
         S* p = rows + r * K() + t;
-        Blk x;
+        Blk x;  // exp(g) s[r][t]
         if constexpr (kKeepWidened) {
           x = blk_load(mine + r * padded_k() + t);
-        } else if (n == kBlock) {
-          StateIo<S>::load(p, x);
+          // Else GCC keeps one of the bf16 K = 128 kernel's accumulators on the stack
+          // (tests/test_cpu_codegen.py).
+          blk_in_register(x);
         } else {
-          StateIo<S>::load(p, n, x);
+          if (n == kBlock) {
+            StateIo<S>::load(p, x);
+          } else {
+            StateIo<S>::load(p, n, x);
+          }
+          x = blk_mul(x, decay_);
         }
-        x = blk_fmadd(delta[r], kb, blk_mul(x, decay_));
+        x = blk_fmadd(delta[r], kb, x);
         if (n != kBlock) {
           // Padded lanes hold delta * 0, which is NaN when delta is infinite (an Inf in v): zero
           // them so they cannot turn an infinite output into NaN. They are never stored.
@@ -575,13 +585,12 @@ void run_k(const GdnParams& p) {
   // key head are neighbours: each thread normalises q/k of a (row, key head) once and reuses it.
   // Every task is computed by one thread start to end, so results do not depend on the split.
   at::parallel_for(0, B * Hv, grain, [&](int64_t lo, int64_t hi) {
-    // q, k, then exp(g) k of the current task; then RowGroups' ring of widened rows, 64-byte
-    // aligned.
+    // q and k of the current task; then RowGroups' ring of widened rows, 64-byte aligned.
     const int64_t ring = std::max(RowGroups<S, kGroupRows, KC, T>::ring_floats(K),
                                   RowGroups<S, 1, KC, T>::ring_floats(K));
-    std::unique_ptr<float[]> qk(new float[3 * Kp + ring + kBlock]);
+    std::unique_ptr<float[]> qk(new float[2 * Kp + ring + kBlock]);
     float* widened = reinterpret_cast<float*>(
-        (reinterpret_cast<uintptr_t>(qk.get() + 3 * Kp) + 63) & ~uintptr_t{63});
+        (reinterpret_cast<uintptr_t>(qk.get() + 2 * Kp) + 63) & ~uintptr_t{63});
     int64_t qk_of = -1;  // i * H + h of what qk holds
     for (int64_t task = lo; task < hi; ++task) {
       const int64_t i = task / Hv, j = task % Hv, h = j / group;
@@ -604,12 +613,8 @@ void run_k(const GdnParams& p) {
       const float beta =
           1.f / (1.f + std::exp(-at2<T>(p.b, i, j, p.b_stride_row, p.b_stride_col)));
 
-      float* decayed_k = qk.get() + 2 * Kp;
-      for (int64_t t = 0; t < Kp; ++t) {
-        decayed_k[t] = decay * qk[Kp + t];
-      }
       S* st = state + s_idx * p.state_stride_slot + j * V * K;
-      const HeadVectors<T> head{qk.get(), qk.get() + Kp, decayed_k, decay, beta,
+      const HeadVectors<T> head{qk.get(), qk.get() + Kp, decay, beta,
                                 qkv + i * rs + (2 * H * K + j * V) * cs, cs, o, tail_lanes};
       if (grouped > 0) {
         RowGroups<S, kGroupRows, KC, T>::update(st, K, grouped, head, widened);
