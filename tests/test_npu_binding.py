@@ -27,6 +27,7 @@ from custom_ops.testing import (
     assert_close,
     call,
     make_inputs,
+    storage_bytes,
     to_device,
 )
 
@@ -147,6 +148,14 @@ def fake(env, tmp_path, fake_builds, device):
 def npu_inputs(inputs):
     """The inputs on the fake npu, each keeping its exact view (storage size, strides, offset)."""
     return to_device(inputs, DEV)
+
+
+def state_bytes(inputs):
+    """Every byte of the storage behind inputs["state_ref"], on the CPU (storage_bytes's set_ does
+    not run on the fake device; as_strided does)."""
+    t = inputs["state_ref"]
+    whole = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
+    return storage_bytes(whole.cpu())
 
 
 def run_both(inputs, **kw):
@@ -325,9 +334,11 @@ def test_vendor_status_becomes_runtime_error(fake, phase, status, meaning, call_
 def test_create_tensor_failure_releases_the_others(fake, nth):
     fake.fake_acl_fail(3, nth, b"injected: out of host memory")
     inputs = npu_inputs(make_inputs(Case()))
+    before = state_bytes(inputs)
     names = ["mixed_qkv", "a", "b", "a_log", "dt_bias", "state_ref", "ssm_state_indices", "out"]
     with pytest.raises(RuntimeError, match=f"aclCreateTensor returned null for {names[nth - 1]} "):
         call(OP, inputs)
+    assert torch.equal(state_bytes(inputs), before), "a rejected call changed state"
     assert fake.count("GetWorkspaceSize") == 0
     assert fake.count("aclDestroyTensor") == nth - 1
     assert_balanced(fake)
@@ -362,8 +373,10 @@ def test_input_check_runs_before_the_vendor(env, device, fake_builds, tmp_path):
     # No vendor library at all: a bad dtype is still a TypeError from the shared check.
     inputs = npu_inputs(make_inputs(Case()))
     inputs["a_log"] = inputs["a_log"].to(torch.bfloat16)
+    before = state_bytes(inputs)
     with pytest.raises(TypeError, match="a_log must have dtype"):
         call(OP, inputs)
+    assert torch.equal(state_bytes(inputs), before), "a rejected call changed state"
 
 
 @pytest.mark.parametrize("name", ["scale", "softplus_threshold"])
@@ -371,19 +384,26 @@ def test_floats_beyond_float32_are_rejected(fake, name):
     # The vendor C API takes float: 1e39 would reach it as inf (the check is the shared one).
     inputs = npu_inputs(dict(make_inputs(Case()), **{name: 1e39}))
     thr = inputs.pop("softplus_threshold", 20.0)
+    before = state_bytes(inputs)
     with pytest.raises(ValueError, match=rf"{name} must be finite and within float32's range"):
         call(OP, inputs, softplus_threshold=thr)
+    assert torch.equal(state_bytes(inputs), before), "a rejected call changed state"
     assert fake.count("GetWorkspaceSize") == 0
 
 
 def test_debug_index_check(fake, env):
     inputs = make_inputs(Case(B=3))
     inputs["ssm_state_indices"][2] = inputs["ssm_state_indices"][0]
-    dev = npu_inputs(inputs)
-    call(OP, dev)  # the vendor leaves duplicates to the caller
+    call(OP, npu_inputs(inputs))  # the vendor leaves duplicates to the caller
+    assert fake.count("Launch") == 1
     env.setenv("CUSTOM_OPS_NPU_CHECK_INDICES", "1")
-    with pytest.raises(ValueError, match="must not repeat a positive slot"):
+    dev = npu_inputs(inputs)  # a state no call has written
+    before = state_bytes(dev)
+    with pytest.raises(ValueError, match=r"must not repeat a positive slot, but slot \d+ is "
+                       "used by rows 0 and 2"):
         call(OP, dev)
+    assert torch.equal(state_bytes(dev), before), "a rejected call changed state"
+    assert fake.count("Launch") == 1  # refused before the vendor
 
 
 # ---- the stream --------------------------------------------------------------------------------
