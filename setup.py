@@ -189,7 +189,7 @@ setup(
     libraries=KERNEL_LIBRARIES,
     ext_modules=[extension(KERNEL_LIBRARIES)],
     cmdclass={"build_ext": BuildExt, "build_clib": build_clib},
-    python_requires=">=3.9",
+    python_requires=">=3.10",  # torch 2.13 requires 3.10
     # The extension is ABI-bound to the torch it was built against.
     install_requires=[f"torch=={torch.__version__.split('+')[0]}"],
     extras_require={

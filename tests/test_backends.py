@@ -29,6 +29,7 @@ from custom_ops.testing import (
     check_against_reference,
     make_inputs,
     redispatch,
+    storage_bytes,
     to_meta,
 )
 
@@ -126,8 +127,10 @@ def test_every_call_is_checked():
     # An accepted call does not let a later one with the same sizes through unchecked.
     x = make_inputs(Case())
     call(composite.fused_gdn_decode_checked_reference, x)
+    before = storage_bytes(x["state_ref"])
     with pytest.raises(ValueError, match="scale must be finite"):
         call(composite.fused_gdn_decode_checked_reference, dict(x, scale=float("inf")))
+    assert torch.equal(storage_bytes(x["state_ref"]), before), "a rejected call changed state"
 
 
 def test_check_indices_switch():

@@ -15,6 +15,7 @@ from custom_ops.testing import (
     DTYPE_PAIR_IDS,
     DTYPE_PAIRS,
     OP,
+    TOLERANCES,
     Case,
     assert_close,
     call,
@@ -158,7 +159,17 @@ def test_non_contiguous_inputs_match_contiguous(isa):
 def test_softplus_threshold_keyword():
     """softplus_threshold is honoured (and keyword-only) the same way as in the reference."""
     inputs = make_inputs(Case(B=4, seed=3))
-    inputs["a"].mul_(0).add_(8)  # x = a + dt_bias around 8: above a threshold of 2
+    # x = a + dt_bias in [2.25, 2.75]: above a threshold of 2, where softplus(x) - x is still
+    # ~0.07-0.1; exp(a_log) = 0.37 keeps the decay (~0.4) from wiping the state.
+    inputs["dt_bias"].fill_(0.5)
+    inputs["a"].copy_(torch.linspace(1.75, 2.25, inputs["a"].numel()).view(inputs["a"].shape))
+    inputs["a_log"].fill_(-1.0)
+    # The test can fail: the two thresholds give states far apart at the state's tolerance.
+    at_2, at_20 = clone_inputs(inputs), clone_inputs(inputs)
+    call(fused_gdn_decode_reference, at_2, softplus_threshold=2.0)
+    call(fused_gdn_decode_reference, at_20, softplus_threshold=20.0)
+    atol, _ = TOLERANCES[inputs["state_ref"].dtype]
+    assert (at_2["state_ref"] - at_20["state_ref"]).abs().max() > 100 * atol
     check_against_reference(inputs, softplus_threshold=2.0)
     with pytest.raises(RuntimeError, match="positional"):
         OP(*[inputs[k] for k in ("mixed_qkv", "a", "b", "a_log", "dt_bias", "state_ref",

@@ -31,6 +31,11 @@ EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 VOCAB = 256
 
+# Op against reference state pools after a generate: 10x the largest difference measured (5.8e-6,
+# over ATen's avx512, avx2 and default CPU kernels: qwen3_5 bf16's second GDN layer, fed the
+# first's 16-bit outputs). The states stay below 1e-2, so 2e-2 would pass any pool.
+POOL_ATOL = 6e-5
+
 
 def cache_kw():
     # transformers 5.24 renamed the models' `past_key_values` argument to `cache`. (Looked up when
@@ -190,7 +195,7 @@ def test_generate_op_equals_reference(family, dtype):
         assert pool is not None and pool.shape[0] == 2 + 1
         assert not pool[0].any()
         ref_pool = integ.state_pool(ref.past_key_values, i)
-        torch.testing.assert_close(pool, ref_pool, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(pool, ref_pool, atol=POOL_ATOL, rtol=0)
 
 
 # (2) against stock transformers: logits of every decode step and the states after N steps; the
@@ -411,7 +416,7 @@ def test_weight_quantized_projections(family):
         pool = integ.state_pool(runs["op"].past_key_values, i)
         ref_pool = integ.state_pool(runs["reference"].past_key_values, i)
         assert pool is not None and pool[1:].any()
-        torch.testing.assert_close(pool, ref_pool, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(pool, ref_pool, atol=POOL_ATOL, rtol=0)
 
 
 @needs_tested

@@ -18,6 +18,7 @@ import subprocess
 import pytest
 import torch
 
+from custom_ops.reference import fused_gdn_decode_reference
 from custom_ops.testing import (
     ARG_NAMES,
     DTYPE_PAIR_IDS,
@@ -26,7 +27,9 @@ from custom_ops.testing import (
     Case,
     assert_close,
     call,
+    clone_inputs,
     make_inputs,
+    storage_bytes,
     to_device,
 )
 
@@ -149,17 +152,29 @@ def npu_inputs(inputs):
     return to_device(inputs, DEV)
 
 
-def run_both(inputs, **kw):
-    """Runs the CPU op and the npu binding on copies of the same inputs; returns
-    (cpu out, cpu state, npu out, npu state), the npu results back on the CPU."""
-    cpu = dict(inputs, state_ref=inputs["state_ref"].clone())
+def state_bytes(inputs):
+    """Every byte of the storage behind inputs["state_ref"], on the CPU (storage_bytes's set_ does
+    not run on the fake device; as_strided does)."""
+    t = inputs["state_ref"]
+    whole = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
+    return storage_bytes(whole.cpu())
+
+
+def run_against_reference(inputs, **kw):
+    """Runs the reference and the npu binding on copies of the same inputs and checks the
+    binding's out and whole state pool against the reference's (per-dtype tolerances); returns
+    (npu out, npu state), back on the CPU."""
+    ref = clone_inputs(inputs)
     dev = npu_inputs(inputs)
-    out_cpu = call(OP, cpu, **kw)
+    out_ref = call(fused_gdn_decode_reference, ref, **kw)
     out_npu = call(OP, dev, **kw)
     assert out_npu.device.type == DEV
-    assert out_npu.shape == out_cpu.shape and out_npu.dtype == out_cpu.dtype
+    assert out_npu.shape == out_ref.shape and out_npu.dtype == out_ref.dtype
     assert out_npu.is_contiguous()
-    return out_cpu, cpu["state_ref"], out_npu.cpu(), dev["state_ref"].cpu()
+    out_npu, state_npu = out_npu.cpu(), dev["state_ref"].cpu()
+    assert_close(out_npu, out_ref, "out")
+    assert_close(state_npu, ref["state_ref"], "state")
+    return out_npu, state_npu
 
 
 def assert_balanced(lib):
@@ -173,14 +188,12 @@ def assert_balanced(lib):
 
 @pytest.mark.parametrize("dtype,state_dtype", DTYPE_PAIRS,
                          ids=DTYPE_PAIR_IDS)
-def test_matches_cpu(fake, dtype, state_dtype):
+def test_matches_reference(fake, dtype, state_dtype):
     case = Case(B=4, H=2, Hv=4, K=64, V=16, dtype=dtype, state_dtype=state_dtype,
                 invalid_rows=(1, 2))
     inputs = make_inputs(case)
     state_before = inputs["state_ref"].clone()
-    out_cpu, state_cpu, out_npu, state_npu = run_both(inputs, softplus_threshold=2.0)
-    assert_close(out_npu, out_cpu, "out")
-    assert_close(state_npu, state_cpu, "state")
+    out_npu, state_npu = run_against_reference(inputs, softplus_threshold=2.0)
     assert (out_npu[1:3] == 0).all()  # invalid rows
     assert not torch.equal(state_npu, state_before)  # the state really was updated in place
     assert fake.count("GetWorkspaceSize") == 1 and fake.count("Launch") == 1
@@ -189,10 +202,8 @@ def test_matches_cpu(fake, dtype, state_dtype):
 
 def test_gqa_ratio_3_and_k_not_multiple_of_16(fake):
     # Hv/H = 3 and K = 72 with a bf16 state (accepted), B larger than one head group.
-    inputs = make_inputs(Case(B=5, H=2, Hv=6, K=72, V=8, state_dtype=torch.bfloat16))
-    out_cpu, state_cpu, out_npu, state_npu = run_both(inputs)
-    assert_close(out_npu, out_cpu, "out")
-    assert_close(state_npu, state_cpu, "state")
+    run_against_reference(make_inputs(Case(B=5, H=2, Hv=6, K=72, V=8,
+                                           state_dtype=torch.bfloat16)))
 
 
 def test_non_contiguous_views_and_storage_offsets(fake):
@@ -205,21 +216,19 @@ def test_non_contiguous_views_and_storage_offsets(fake):
     assert inputs["state_ref"].is_contiguous() and inputs["state_ref"].storage_offset() > 0
     assert inputs["a"].stride() == (1, 3) and inputs["mixed_qkv"].storage_offset() > 0
 
-    out_cpu, state_cpu, out_npu, state_npu = run_both(inputs)
-    assert_close(out_npu, out_cpu, "out")
-    assert_close(state_npu, state_cpu, "state")
+    run_against_reference(inputs)
     assert_balanced(fake)
 
 
 def test_several_steps_and_stream_of_calls(fake):
     inputs = make_inputs(Case(B=2, H=2, Hv=4, K=64, V=16, dtype=torch.float16))
-    cpu = dict(inputs, state_ref=inputs["state_ref"].clone())
+    ref = clone_inputs(inputs)
     dev = npu_inputs(inputs)
     for step in range(3):
-        out_cpu = call(OP, cpu)
+        out_ref = call(fused_gdn_decode_reference, ref)
         out_npu = call(OP, dev)
-        assert_close(out_npu.cpu(), out_cpu, f"out, step {step}")
-        assert_close(dev["state_ref"].cpu(), cpu["state_ref"], f"state, step {step}")
+        assert_close(out_npu.cpu(), out_ref, f"out, step {step}")
+        assert_close(dev["state_ref"].cpu(), ref["state_ref"], f"state, step {step}")
     assert fake.count("Launch") == 3
     assert_balanced(fake)
 
@@ -239,7 +248,7 @@ def test_out_overload_writes_caller_buffer(fake):
     """The out overload hands the vendor the caller's tensor as its out (no copy): the results
     equal the default overload's, in the very tensor passed."""
     x = make_inputs(Case(B=3))
-    _, _, out_default, state_default = run_both(x)
+    out_default, state_default = run_against_reference(x)
     dev = npu_inputs(x)
     out = torch.full(out_default.shape, 5.0, dtype=out_default.dtype).to(DEV)
     got = call(OP.out, dev, out=out)
@@ -284,8 +293,7 @@ def test_workspace_from_torch_allocator(fake, size):
     # The fake checks at launch that [workspace, workspace + size) is a live allocation of the
     # device allocator, then writes all of it.
     fake.fake_acl_set_workspace_size(size)
-    out_cpu, _, out_npu, _ = run_both(make_inputs(Case()))
-    assert_close(out_npu, out_cpu, "out")
+    run_against_reference(make_inputs(Case()))
     assert_balanced(fake)
 
 
@@ -325,9 +333,11 @@ def test_vendor_status_becomes_runtime_error(fake, phase, status, meaning, call_
 def test_create_tensor_failure_releases_the_others(fake, nth):
     fake.fake_acl_fail(3, nth, b"injected: out of host memory")
     inputs = npu_inputs(make_inputs(Case()))
+    before = state_bytes(inputs)
     names = ["mixed_qkv", "a", "b", "a_log", "dt_bias", "state_ref", "ssm_state_indices", "out"]
     with pytest.raises(RuntimeError, match=f"aclCreateTensor returned null for {names[nth - 1]} "):
         call(OP, inputs)
+    assert torch.equal(state_bytes(inputs), before), "a rejected call changed state"
     assert fake.count("GetWorkspaceSize") == 0
     assert fake.count("aclDestroyTensor") == nth - 1
     assert_balanced(fake)
@@ -362,8 +372,10 @@ def test_input_check_runs_before_the_vendor(env, device, fake_builds, tmp_path):
     # No vendor library at all: a bad dtype is still a TypeError from the shared check.
     inputs = npu_inputs(make_inputs(Case()))
     inputs["a_log"] = inputs["a_log"].to(torch.bfloat16)
+    before = state_bytes(inputs)
     with pytest.raises(TypeError, match="a_log must have dtype"):
         call(OP, inputs)
+    assert torch.equal(state_bytes(inputs), before), "a rejected call changed state"
 
 
 @pytest.mark.parametrize("name", ["scale", "softplus_threshold"])
@@ -371,19 +383,26 @@ def test_floats_beyond_float32_are_rejected(fake, name):
     # The vendor C API takes float: 1e39 would reach it as inf (the check is the shared one).
     inputs = npu_inputs(dict(make_inputs(Case()), **{name: 1e39}))
     thr = inputs.pop("softplus_threshold", 20.0)
+    before = state_bytes(inputs)
     with pytest.raises(ValueError, match=rf"{name} must be finite and within float32's range"):
         call(OP, inputs, softplus_threshold=thr)
+    assert torch.equal(state_bytes(inputs), before), "a rejected call changed state"
     assert fake.count("GetWorkspaceSize") == 0
 
 
 def test_debug_index_check(fake, env):
     inputs = make_inputs(Case(B=3))
     inputs["ssm_state_indices"][2] = inputs["ssm_state_indices"][0]
-    dev = npu_inputs(inputs)
-    call(OP, dev)  # the vendor leaves duplicates to the caller
+    call(OP, npu_inputs(inputs))  # the vendor leaves duplicates to the caller
+    assert fake.count("Launch") == 1
     env.setenv("CUSTOM_OPS_NPU_CHECK_INDICES", "1")
-    with pytest.raises(ValueError, match="must not repeat a positive slot"):
+    dev = npu_inputs(inputs)  # a state no call has written
+    before = state_bytes(dev)
+    with pytest.raises(ValueError, match=r"must not repeat a positive slot, but slot \d+ is "
+                       "used by rows 0 and 2"):
         call(OP, dev)
+    assert torch.equal(state_bytes(dev), before), "a rejected call changed state"
+    assert fake.count("Launch") == 1  # refused before the vendor
 
 
 # ---- the stream --------------------------------------------------------------------------------

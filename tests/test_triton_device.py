@@ -173,21 +173,25 @@ def test_checked_reference_on_cuda(no_tf32):
 @cuda_test
 def test_input_check_and_debug_index_switch_on_cuda():
     from custom_ops import cuda as cuda_backend
-    from custom_ops.testing import Case, call, clone_inputs, make_inputs
+    from custom_ops.testing import Case, call, clone_inputs, make_inputs, storage_bytes
 
     x = make_inputs(Case(B=3, H=1, Hv=2, K=128, V=64), device="cuda")
-    with pytest.raises(TypeError):
+    pool_bytes = storage_bytes(x["state_ref"])
+    with pytest.raises(TypeError, match="a_log must have dtype torch.float32"):
         call(OP, dict(x, a_log=x["a_log"].half()))
+    assert torch.equal(storage_bytes(x["state_ref"]), pool_bytes), "a rejected call changed state"
     with pytest.raises(ValueError, match="all tensors must be on one device"):
         call(OP, dict(x, b=x["b"].cpu()))
+    assert torch.equal(storage_bytes(x["state_ref"]), pool_bytes), "a rejected call changed state"
     pool = x["state_ref"].shape[0]
     bad = dict(x, ssm_state_indices=torch.tensor([1, pool, 2], dtype=torch.int32, device="cuda"))
     old = cuda_backend.set_check_indices(True)
     try:
-        with pytest.raises(ValueError, match="out of range"):
+        with pytest.raises(ValueError, match=rf"ssm_state_indices\[1\] = {pool} is out of range"):
             call(OP, bad)
     finally:
         cuda_backend.set_check_indices(old)
+    assert torch.equal(storage_bytes(x["state_ref"]), pool_bytes), "a rejected call changed state"
     # Switch off: no error, and no access outside the pool: the out-of-range row reads and
     # writes nothing (zero output), the two valid rows update only their own slots.
     cuda_backend.set_check_indices(False)
