@@ -152,7 +152,7 @@ at::Tensor math_bits_kernel(c10::DispatchKeySet ks, const GdnArgs& args, at::Ten
   // written; conjugate bits exist only on complex tensors, which it rejects by dtype.
   const GdnDims d = check_fused_gdn_decode_inputs(args);
   if (out != nullptr) {
-    check_fused_gdn_decode_out(*out, d, args.mixed_qkv, args.state_ref);
+    check_fused_gdn_decode_out(*out, d, args);
   }
   const at::Tensor mixed_qkv = args.mixed_qkv.resolve_neg(), a = args.a.resolve_neg(),
                    b = args.b.resolve_neg(), a_log = args.a_log.resolve_neg(),
