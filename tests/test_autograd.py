@@ -110,9 +110,10 @@ def _inference(x, name):
 
 
 def _inference_all(x, name):
+    """Every argument of the op an inference tensor, and out too where it is the one named."""
     with torch.inference_mode():
         made_inside = inputs()
-    x.update(made_inside)
+    x.update({k: t for k, t in made_inside.items() if k != "out" or name == "out"})
 
 
 REFUSALS = [
