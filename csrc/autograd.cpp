@@ -1,12 +1,13 @@
 // custom::npu_fused_gdn_decode at the device-independent keys above the backends.
 //
-// Autograd + ADInplaceOrView: the op writes state_ref in place and has no derivative, so it
-// behaves like a native in-place op without a derivative formula: it bumps state_ref's version
-// counter (a graph that saved state_ref before the call then fails in backward instead of using
-// the new values), refuses to update a leaf that requires grad or an inference tensor outside
-// inference_mode (native messages, raised before anything is written), and gives out and
-// state_ref a backward node that raises when an input requires grad. Under inference_mode
-// neither kernel runs; under no_grad they cost one redispatch each and a version bump.
+// Autograd + ADInplaceOrView, both overloads: the op writes state_ref (and, the out overload, out)
+// in place and has no derivative, so it behaves like a native in-place op without a derivative
+// formula: it bumps the version counter of each tensor it writes (a graph that saved one before
+// the call then fails in backward instead of using the new values), refuses to write a leaf that
+// requires grad or an inference tensor outside inference_mode (native messages, raised before
+// anything is written), and gives the written tensors and the result a backward node that raises
+// when an input requires grad. Under inference_mode neither kernel runs; under no_grad they cost
+// one redispatch each and the version bumps.
 //
 // Negative + Conjugate: PyTorch's fallback for these views materialises them, runs the op on the
 // copies and then expects it to return the mutated tensor, which this op does not (an internal
@@ -15,7 +16,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
-#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
@@ -66,51 +66,83 @@ constexpr const char* kNoBackward =
     "backward. Call it under torch.no_grad() or torch.inference_mode(), or pass inputs that do "
     "not require grad";
 
-// Registered for the default overload only (out is null).
+// A node that raises kNoBackward in backward, with edges to the graphs of the call's inputs as
+// they are before the call (so made before anything is rebased).
+NodePtr no_backward_node(const GdnArgs& args, const at::Tensor& out) {
+  NodePtr node = make_node<NodePtr, ag::Error>(kNoBackward);
+  node->set_next_edges(ag::collect_next_edges(args.mixed_qkv, args.a, args.b, args.a_log,
+                                              args.dt_bias, args.state_ref, out));
+  return node;
+}
+
+// Both overloads (out null: the default one).
 at::Tensor autograd_kernel(c10::DispatchKeySet ks, const GdnArgs& args, at::Tensor* out) {
   const auto& [mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
                softplus_threshold] = args;
-  const at::Tensor* differentiable[] = {&mixed_qkv, &a, &b, &a_log, &dt_bias, &state_ref};
+  // out's old values are not read, but it is written in place: like self of a native in-place
+  // op it counts as an input, so a graph it carried cannot outlive the call.
+  static const at::Tensor kNoOut;
+  const at::Tensor& out_or_none = out != nullptr ? *out : kNoOut;
+  const at::Tensor* differentiable[] = {&mixed_qkv, &a, &b, &a_log, &dt_bias, &state_ref,
+                                        &out_or_none};
   for (const at::Tensor* t : differentiable) {
     TORCH_CHECK_NOT_IMPLEMENTED(!ag::isFwGradDefined(*t), kNoBackward, " (forward-mode AD)");
   }
-  const bool requires_grad = ag::compute_requires_grad(mixed_qkv, a, b, a_log, dt_bias, state_ref);
-  if (state_ref.defined()) {
-    ag::check_inplace(state_ref, requires_grad);  // the native leaf / view-of-leaf errors
+  const bool requires_grad =
+      ag::compute_requires_grad(mixed_qkv, a, b, a_log, dt_bias, state_ref, out_or_none);
+  const at::Tensor* written[] = {&state_ref, &out_or_none};
+  for (const at::Tensor* t : written) {
+    if (t->defined()) {
+      ag::check_inplace(*t, requires_grad);  // the native leaf / view-of-leaf errors
+    }
   }
-  NodePtr grad_fn;
+  // One node for state_ref, one for the result (out for the out overload): rebasing a view in
+  // place needs a node whose only output it is.
+  NodePtr state_fn, result_fn;
   if (requires_grad) {
-    grad_fn = make_node<NodePtr, ag::Error>(kNoBackward);
-    grad_fn->set_next_edges(ag::collect_next_edges(mixed_qkv, a, b, a_log, dt_bias, state_ref));
+    state_fn = no_backward_node(args, out_or_none);
+    result_fn = no_backward_node(args, out_or_none);
   }
   at::Tensor result;
   {
     at::AutoDispatchBelowAutograd guard;
     result = redispatch(ks & c10::after_autograd_keyset, args, out);
   }
-  if (grad_fn) {
-    ag::rebase_history(std::vector<at::Tensor>{state_ref}, grad_fn);
-    ag::set_history(result, grad_fn);
+  if (requires_grad) {
+    ag::rebase_history(state_ref, std::move(state_fn));
+    if (out != nullptr) {
+      ag::rebase_history(*out, std::move(result_fn));
+    } else {
+      ag::set_history(result, result_fn);
+    }
   }
   return result;
 }
 
-// Registered for the default overload only (out is null).
+// Both overloads (out null: the default one).
 at::Tensor ad_inplace_or_view_kernel(c10::DispatchKeySet ks, const GdnArgs& args,
                                      at::Tensor* out) {
-  at::Tensor& state_ref = args.state_ref;
+  at::Tensor* const written[] = {&args.state_ref, out};
   // Native in-place ops find an inference tensor outside inference_mode when they bump its
-  // version after writing; bumping once before the call raises the same error with state_ref
-  // still untouched.
-  if (state_ref.defined() && state_ref.is_inference() && !c10::InferenceMode::is_enabled()) {
-    torch::autograd::increment_version(state_ref);
+  // version after writing; bumping once before the call raises the same error with nothing
+  // written yet.
+  if (!c10::InferenceMode::is_enabled()) {
+    for (at::Tensor* t : written) {
+      if (t != nullptr && t->defined() && t->is_inference()) {
+        torch::autograd::increment_version(*t);
+      }
+    }
   }
   at::Tensor result;
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     result = redispatch(ks & c10::after_ADInplaceOrView_keyset, args, out);
   }
-  torch::autograd::increment_version(state_ref);
+  for (at::Tensor* t : written) {
+    if (t != nullptr) {
+      torch::autograd::increment_version(*t);
+    }
+  }
   return result;
 }
 
@@ -120,7 +152,7 @@ at::Tensor math_bits_kernel(c10::DispatchKeySet ks, const GdnArgs& args, at::Ten
   // written; conjugate bits exist only on complex tensors, which it rejects by dtype.
   const GdnDims d = check_fused_gdn_decode_inputs(args);
   if (out != nullptr) {
-    check_fused_gdn_decode_out(*out, d, args.mixed_qkv, args.state_ref);
+    check_fused_gdn_decode_out(*out, d, args);
   }
   const at::Tensor mixed_qkv = args.mixed_qkv.resolve_neg(), a = args.a.resolve_neg(),
                    b = args.b.resolve_neg(), a_log = args.a_log.resolve_neg(),
@@ -136,19 +168,12 @@ at::Tensor math_bits_kernel(c10::DispatchKeySet ks, const GdnArgs& args, at::Ten
 } // namespace
 } // namespace custom_ops
 
-// The out overload: torch's generic fallbacks, which read the schema's (a!)/(b!) annotations
-// (in-place checks, version bumps of state_ref and out, a backward that raises).
 TORCH_LIBRARY_IMPL(custom, Autograd, m) {
-  m.impl("npu_fused_gdn_decode",
-         &custom_ops::Kernels::functional_ks<&custom_ops::autograd_kernel>);
-  m.impl("npu_fused_gdn_decode.out", torch::autograd::autogradNotImplementedFallback());
+  custom_ops::impl_fused_gdn_decode_ks<&custom_ops::autograd_kernel>(m);
 }
 
 TORCH_LIBRARY_IMPL(custom, ADInplaceOrView, m) {
-  m.impl("npu_fused_gdn_decode",
-         &custom_ops::Kernels::functional_ks<&custom_ops::ad_inplace_or_view_kernel>);
-  m.impl("npu_fused_gdn_decode.out",
-         torch::autograd::autogradNotImplementedInplaceOrViewFallback());
+  custom_ops::impl_fused_gdn_decode_ks<&custom_ops::ad_inplace_or_view_kernel>(m);
 }
 
 TORCH_LIBRARY_IMPL(custom, Negative, m) {

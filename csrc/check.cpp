@@ -323,8 +323,8 @@ GdnDims check_fused_gdn_decode_inputs(const GdnArgs& args) {
   return d;
 }
 
-void check_fused_gdn_decode_out(const at::Tensor& out, const GdnDims& d,
-                                const at::Tensor& mixed_qkv, const at::Tensor& state_ref) {
+void check_fused_gdn_decode_out(const at::Tensor& out, const GdnDims& d, const GdnArgs& args) {
+  const at::Tensor& mixed_qkv = args.mixed_qkv;
   check_dense(out, "out");
   TORCH_CHECK_VALUE(out.device() == mixed_qkv.device(), kOp, "out must be on ",
                     mixed_qkv.device(), " (the device of mixed_qkv), but got ", out.device());
@@ -337,11 +337,15 @@ void check_fused_gdn_decode_out(const at::Tensor& out, const GdnDims& d,
   check_aligned(out, "out");
   TORCH_CHECK_VALUE(!out.is_neg(), kOp, "out must not be a negative view (torch._neg_view), "
                     "but got a tensor with the negative bit set");
-  // Written while the inputs are read: sharing memory with any of them gives garbage. Byte spans,
-  // not at::get_overlap_status, which cannot tell for a slot-strided pool.
+  // Written while the inputs are read (the CPU kernel writes one task's rows while later tasks
+  // still read theirs): sharing memory with any of them gives results that differ by backend.
+  // Byte spans, not at::get_overlap_status, which cannot tell for a slot-strided pool.
   const std::optional<ByteSpan> out_span = byte_span(out);
-  for (const at::Tensor* t : {&mixed_qkv, &state_ref}) {
-    const char* name = t == &mixed_qkv ? "mixed_qkv" : "state_ref";
+  const std::pair<const at::Tensor*, const char*> inputs[] = {
+      {&args.mixed_qkv, "mixed_qkv"}, {&args.a, "a"}, {&args.b, "b"}, {&args.a_log, "a_log"},
+      {&args.dt_bias, "dt_bias"}, {&args.state_ref, "state_ref"},
+      {&args.ssm_state_indices, "ssm_state_indices"}};
+  for (const auto& [t, name] : inputs) {
     const std::optional<ByteSpan> span = byte_span(*t);
     if (!out_span || !span) {
       continue;  // symbolic sizes: checked when the call runs on data

@@ -131,9 +131,8 @@ struct GdnDims {
 GdnDims check_fused_gdn_decode_inputs(const GdnArgs& args);
 
 // The out variant's extra check: out is [B, 1, Hv, V], mixed_qkv's dtype and device, contiguous,
-// sharing no memory with mixed_qkv or state_ref. Run after the input check.
-void check_fused_gdn_decode_out(const at::Tensor& out, const GdnDims& d,
-                                const at::Tensor& mixed_qkv, const at::Tensor& state_ref);
+// sharing no memory with any input. Run after the input check.
+void check_fused_gdn_decode_out(const at::Tensor& out, const GdnDims& d, const GdnArgs& args);
 
 // The slot values, read once into host memory (4 bytes a row; no allocation up to 64 rows). The
 // CPU op checks and runs on this copy, so nothing that writes ssm_state_indices during the call

@@ -57,10 +57,10 @@ TORCH_LIBRARY(custom_ops_internal, m) {
            const at::Tensor& a_log, const at::Tensor& dt_bias, at::Tensor state_ref,
            const at::Tensor& ssm_state_indices, double scale, double softplus_threshold,
            const at::Tensor& out) {
-          const auto d = custom_ops::check_fused_gdn_decode_inputs(
-              {mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices, scale,
-               softplus_threshold});
-          custom_ops::check_fused_gdn_decode_out(out, d, mixed_qkv, state_ref);
+          const custom_ops::GdnArgs args{mixed_qkv, a, b, a_log, dt_bias, state_ref,
+                                         ssm_state_indices, scale, softplus_threshold};
+          custom_ops::check_fused_gdn_decode_out(
+              out, custom_ops::check_fused_gdn_decode_inputs(args), args);
         });
   // The slot check with the CPU path's exact rules and messages. Takes CPU int32 indices.
   m.def("check_slot_indices(Tensor indices, int block_num) -> ()",

@@ -1,23 +1,45 @@
-"""Autograd around the in-place op: it behaves like a native in-place op without a derivative.
+"""Autograd around the in-place op: it behaves like a native in-place op without a derivative, in
+both overloads (the default one and ``.out``, which also updates ``out`` in place).
 
-state_ref's version counter moves on every call (a graph that saved the state before the call
-fails in backward instead of using the new values); a leaf that requires grad and an inference
-tensor outside inference_mode are refused with PyTorch's own messages before anything is written;
-backward through the result or the updated state raises. Under no_grad / inference_mode (the
-normal use) nothing is recorded.
+The version counters of state_ref (and out) move on every call (a graph that saved them before the
+call fails in backward instead of using the new values); a leaf that requires grad and an
+inference tensor outside inference_mode are refused with PyTorch's own messages before anything is
+written; backward through the result or the updated state raises. Under no_grad /
+inference_mode (the normal use) nothing is recorded.
 """
+
+import re
 
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from custom_ops.testing import OP, Case, call, make_inputs
+from custom_ops.testing import OP, Case, call, make_inputs, storage_bytes
 
 NOT_DIFFERENTIABLE = "npu_fused_gdn_decode is not differentiable"
+LEAF = "a leaf Variable that requires grad is being used in an in-place operation."
+VIEW_OF_LEAF = ("a view of a leaf Variable that requires grad is being used in an in-place "
+                "operation.")
+INFERENCE = "Inplace update to inference tensor outside InferenceMode is not allowed"
+
+OVERLOADS = ["default", "out"]
 
 
 def inputs(**kw):
-    return make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16, **kw))
+    """The op's arguments, plus "out": a buffer for the out overload, filled with a value no
+    call writes."""
+    x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16, **kw))
+    x["out"] = torch.full((3, 1, 4, 16), 5.0, dtype=x["mixed_qkv"].dtype)
+    return x
+
+
+def run(overload, x):
+    """One call of `overload`; the out overload writes x["out"] and returns it."""
+    if overload == "out":
+        result = call(OP.out, x, out=x["out"])
+        assert result is x["out"]
+        return result
+    return call(OP, x)
 
 
 def args(x):
@@ -25,99 +47,155 @@ def args(x):
                                 "ssm_state_indices", "scale"))
 
 
-def test_call_bumps_the_state_version():
-    x = inputs()
-    before = x["state_ref"]._version
-    call(OP, x)
-    assert x["state_ref"]._version > before
+def _written(overload):
+    return ("state_ref", "out") if overload == "out" else ("state_ref",)
 
 
-def test_graph_that_saved_the_state_fails_in_backward():
+# (overload, a tensor it writes)
+WRITTEN = [(overload, name) for overload in OVERLOADS for name in _written(overload)]
+
+
+@pytest.mark.parametrize("overload", OVERLOADS)
+def test_call_bumps_the_versions_of_what_it_writes(overload):
     x = inputs()
-    st = x["state_ref"]
-    w = torch.ones_like(st, requires_grad=True)
-    y = (w * st).sum()  # saves st for backward
-    call(OP, x)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+    before = {k: x[k]._version for k in ("state_ref", "out")}
+    run(overload, x)
+    assert x["state_ref"]._version > before["state_ref"]
+    if overload == "out":
+        assert x["out"]._version > before["out"]
+    else:
+        assert x["out"]._version == before["out"]
+
+
+@pytest.mark.parametrize("overload,saved", WRITTEN)
+def test_graph_that_saved_a_written_tensor_fails_in_backward(overload, saved):
+    x = inputs()
+    w = torch.ones_like(x[saved], requires_grad=True)
+    y = (w * x[saved]).sum()  # saves x[saved] for backward
+    run(overload, x)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation") as info:
         y.backward()
+    assert type(info.value) is RuntimeError
     assert w.grad is None
 
 
-def _assert_refused_unchanged(x, match):
-    before = x["state_ref"].detach().clone()
-    version = x["state_ref"]._version if not x["state_ref"].is_inference() else None
-    with pytest.raises(RuntimeError, match=match):
-        call(OP, x)
-    assert torch.equal(x["state_ref"].detach(), before), "a refused call changed state_ref"
-    if version is not None:
-        assert x["state_ref"]._version == version
+def _assert_refused_unchanged(overload, x, message):
+    """The call raises RuntimeError (not a subclass) with `message`, before anything is written:
+    every storage byte and the version of state_ref and out stay as they were."""
+    tensors = {k: x[k] for k in ("state_ref", "out")}
+    before = {k: storage_bytes(t.detach()) for k, t in tensors.items()}
+    versions = {k: t._version for k, t in tensors.items() if not t.is_inference()}
+    with pytest.raises(RuntimeError, match=re.escape(message)) as info:
+        run(overload, x)
+    assert type(info.value) is RuntimeError, type(info.value)
+    for k, t in tensors.items():
+        assert torch.equal(storage_bytes(t.detach()), before[k]), f"a refused call changed {k}"
+        if k in versions:
+            assert t._version == versions[k], f"a refused call bumped {k}'s version"
 
 
-def test_leaf_state_that_requires_grad_is_refused():
-    x = inputs()
-    x["state_ref"].requires_grad_()
-    _assert_refused_unchanged(x, "a leaf Variable that requires grad is being used in an in-place")
+# (which tensor, how it is made unfit to be written): each refused by both overloads where the
+# overload writes that tensor.
+def _leaf(x, name):
+    x[name].requires_grad_()
 
 
-def test_view_of_leaf_state_that_requires_grad_is_refused():
-    x = inputs()
-    x["state_ref"] = x["state_ref"].requires_grad_()[:]
-    _assert_refused_unchanged(x, "a view of a leaf Variable that requires grad")
+def _view_of_leaf(x, name):
+    x[name] = x[name].requires_grad_()[:]
 
 
-@pytest.mark.parametrize("which", ["state", "all-inputs"])
-def test_inference_tensor_state_outside_inference_mode_is_refused(which):
+def _inference(x, name):
+    with torch.inference_mode():
+        x[name] = x[name].clone()
+
+
+def _inference_all(x, name):
+    """Every argument of the op an inference tensor, and out too where it is the one named."""
     with torch.inference_mode():
         made_inside = inputs()
-    x = made_inside if which == "all-inputs" else dict(inputs(), state_ref=made_inside["state_ref"])
-    _assert_refused_unchanged(x, "Inplace update to inference tensor outside InferenceMode")
+    x.update({k: t for k, t in made_inside.items() if k != "out" or name == "out"})
 
 
-def test_inference_tensor_state_inside_inference_mode_is_updated():
+REFUSALS = [
+    ("leaf", _leaf, LEAF),
+    ("view-of-leaf", _view_of_leaf, VIEW_OF_LEAF),
+    ("inference", _inference, INFERENCE),
+    ("inference-all-inputs", _inference_all, INFERENCE),
+]
+
+
+@pytest.mark.parametrize("overload,name", WRITTEN)
+@pytest.mark.parametrize("refusal", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_unwritable_tensor_is_refused_before_anything_is_written(overload, name, refusal):
+    _, spoil, message = refusal
+    x = inputs()
+    spoil(x, name)
+    _assert_refused_unchanged(overload, x, message)
+
+
+@pytest.mark.parametrize("overload", OVERLOADS)
+def test_inference_tensors_inside_inference_mode_are_updated(overload):
     with torch.inference_mode():
         x = inputs()
-        before = x["state_ref"].clone()
-        call(OP, x)
-        assert not torch.equal(x["state_ref"], before)
+        before = {k: x[k].clone() for k in _written(overload)}
+        run(overload, x)
+        for k, t in before.items():
+            assert not torch.equal(x[k], t), k
 
 
-@pytest.mark.parametrize("requires_grad", ["a_log", "mixed_qkv", "state_ref-non-leaf"])
-def test_backward_raises_not_differentiable(requires_grad):
+@pytest.mark.parametrize("overload,requires_grad", [
+    (overload, name) for overload in OVERLOADS
+    for name in ("a_log", "mixed_qkv", *(f"{w}-non-leaf" for w in _written(overload)))])
+def test_backward_raises_not_differentiable(overload, requires_grad):
     x = inputs()
-    if requires_grad == "state_ref-non-leaf":
-        leaf = x["state_ref"].requires_grad_()
-        x["state_ref"] = leaf * 1.0  # a non-leaf that requires grad may be updated in place
+    if requires_grad.endswith("-non-leaf"):
+        name = requires_grad[:-len("-non-leaf")]
+        leaf = x[name].requires_grad_()
+        x[name] = leaf * 1.0  # a non-leaf that requires grad may be updated in place
     else:
         x[requires_grad].requires_grad_()
-    out = call(OP, x)
-    assert out.requires_grad and x["state_ref"].requires_grad
-    with pytest.raises(RuntimeError, match=NOT_DIFFERENTIABLE):
-        out.sum().backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match=NOT_DIFFERENTIABLE):
-        x["state_ref"].sum().backward()
+    result = run(overload, x)
+    assert result.requires_grad and x["state_ref"].requires_grad
+    for what, t in (("result", result), ("state_ref", x["state_ref"])):
+        with pytest.raises(RuntimeError, match=NOT_DIFFERENTIABLE) as info:
+            t.sum().backward(retain_graph=True)
+        assert type(info.value) is RuntimeError, what
 
 
-def test_backward_through_a_view_of_the_pool_raises():
+@pytest.mark.parametrize("overload,view", WRITTEN)
+def test_backward_through_the_buffer_a_written_view_lives_in_raises(overload, view):
+    """state_ref a slot range of a larger pool, out a slice of an engine's buffer: each is a view
+    updated in place, and backward through the tensor it views raises."""
     x = inputs()
-    pool = torch.zeros((2,) + tuple(x["state_ref"].shape))
-    pool[1] = x["state_ref"]
-    x["state_ref"] = pool[1]
+    buf = torch.zeros((2,) + tuple(x[view].shape), dtype=x[view].dtype)
+    buf[1] = x[view]
+    x[view] = buf[1]
     x["a_log"].requires_grad_()
-    call(OP, x)
-    with pytest.raises(RuntimeError, match=NOT_DIFFERENTIABLE):
-        pool.sum().backward()
+    run(overload, x)
+    with pytest.raises(RuntimeError, match=NOT_DIFFERENTIABLE) as info:
+        buf.sum().backward()
+    assert type(info.value) is RuntimeError
 
 
-def test_forward_ad_raises():
+@pytest.mark.parametrize("overload,dual", [("default", "a_log"), ("out", "a_log"), *WRITTEN])
+def test_forward_ad_raises_before_anything_is_written(overload, dual):
     x = inputs()
+    before = {k: storage_bytes(x[k]) for k in ("state_ref", "out")}
     with fwAD.dual_level():
-        x["a_log"] = fwAD.make_dual(x["a_log"], torch.ones_like(x["a_log"]))
-        with pytest.raises(NotImplementedError, match=NOT_DIFFERENTIABLE):
-            call(OP, x)
+        x[dual] = fwAD.make_dual(x[dual], torch.ones_like(x[dual]))
+        with pytest.raises(NotImplementedError, match=re.escape(
+                f"{NOT_DIFFERENTIABLE}: it is an inference-only decode step with no backward. "
+                "Call it under torch.no_grad() or torch.inference_mode(), or pass inputs that "
+                "do not require grad (forward-mode AD)")) as info:
+            run(overload, x)
+        assert type(info.value) is NotImplementedError
+    for k, b in before.items():
+        assert torch.equal(storage_bytes(x[k]), b), f"a refused call changed {k}"
 
 
+@pytest.mark.parametrize("overload", OVERLOADS)
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
-def test_no_grad_and_inference_mode_record_nothing(mode):
+def test_no_grad_and_inference_mode_record_nothing(overload, mode):
     """Model parameters (a_log, dt_bias as nn.Parameter) require grad; decoding under no_grad or
     inference_mode records no graph and updates the state as usual."""
     x = inputs()
@@ -126,30 +204,39 @@ def test_no_grad_and_inference_mode_record_nothing(mode):
     expected = call(OP, dict(x, state_ref=x["state_ref"].clone(),
                              a_log=x["a_log"].detach(), dt_bias=x["dt_bias"].detach()))
     with mode():
-        out = call(OP, x)
-    assert not out.requires_grad and out.grad_fn is None
-    assert not x["state_ref"].requires_grad and x["state_ref"].grad_fn is None
-    assert torch.equal(out, expected)
+        result = run(overload, x)
+    for t in (result, x["state_ref"]):
+        assert not t.requires_grad and t.grad_fn is None
+    assert torch.equal(result, expected)
 
 
-def test_opcheck_autograd_registration():
+@pytest.mark.parametrize("overload", OVERLOADS)
+def test_opcheck_autograd_registration(overload):
     """opcheck's autograd check only looks when an input requires grad."""
     x = inputs()
     x["a_log"].requires_grad_()
-    torch.library.opcheck(OP.default, args(x),
+    kwargs = {"out": x["out"]} if overload == "out" else {}
+    torch.library.opcheck(getattr(OP, overload), args(x), kwargs,
                           test_utils=("test_schema", "test_autograd_registration"))
 
 
-def test_compile_with_grad_raises_not_differentiable():
+def _compiled_call(overload):
+    if overload == "out":
+        return lambda *a, out: OP.out(*a, out=out)
+    return lambda *a, out: OP(*a)
+
+
+@pytest.mark.parametrize("overload", OVERLOADS)
+def test_compile_with_grad_raises_not_differentiable(overload):
     """As for torch.library.custom_op ops without a backward: AOT autograd traces the backward
     while compiling, so with grad enabled and an input that requires grad the error comes from
     the compiled call, not later from backward()."""
     torch._dynamo.reset()
     x = inputs()
     x["a_log"].requires_grad_()
-    fn = torch.compile(lambda *a: OP(*a), backend="aot_eager")
+    fn = torch.compile(_compiled_call(overload), backend="aot_eager")
     with pytest.raises(RuntimeError, match=NOT_DIFFERENTIABLE):
-        fn(*args(x))
+        fn(*args(x), out=x["out"])
 
 
 class DecodeStep(torch.nn.Module):

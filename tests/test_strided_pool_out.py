@@ -312,10 +312,25 @@ def test_compile_out_on_paged_pool():
     assert torch.equal(view2, view)   # and the caller's paged pool
 
 
-def test_out_requires_grad_refused():
+@pytest.mark.parametrize("requires_grad", ["mixed_qkv", "out"])
+def test_out_requires_grad_refused(requires_grad):
+    """With an input (or out) that requires grad the call itself succeeds and writes what the
+    default overload computes; the refusal comes from backward through out or the updated state,
+    with the op's message (docs/bad_input.md, "Autograd")."""
     x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16))
-    x["mixed_qkv"] = x["mixed_qkv"].clone().requires_grad_()
+    expected_state = x["state_ref"].clone()
+    expected = call(OP, dict(x, state_ref=expected_state))
     out = torch.empty(3, 1, 4, 16, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError):
-        r = call(OUT, x, out=out)
-        r.sum().backward()
+    if requires_grad == "out":
+        out = out.requires_grad_() * 1.0  # a non-leaf: a leaf that requires grad is refused
+    else:
+        x["mixed_qkv"] = x["mixed_qkv"].clone().requires_grad_()
+    r = call(OUT, x, out=out)
+    assert r is out and torch.equal(r.detach(), expected)
+    assert torch.equal(x["state_ref"], expected_state)
+    for t in (r, x["state_ref"]):
+        assert t.requires_grad
+        with pytest.raises(RuntimeError, match="npu_fused_gdn_decode is not differentiable: it "
+                           "is an inference-only decode step with no backward") as info:
+            t.sum().backward(retain_graph=True)
+        assert type(info.value) is RuntimeError

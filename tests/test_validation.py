@@ -3,7 +3,8 @@ the Meta kernel (meta tensors and FakeTensor), the checked reference registered 
 a kernel (custom_ops.composite, reached through the XPU key), and the Triton kernel's CUDA entry
 (through Triton's interpreter). Each rejected call must raise the documented exception type with a
 message naming the argument (the CPU op's message, on every backend) and leave every byte of
-state_ref as it was. Then what rules 12-15 allow, and nested tensors (PyTorch's own error).
+state_ref (and of out, for the rows that call the out overload) as it was. Then what rules 12-15
+allow, and nested tensors (PyTorch's own error).
 """
 
 import dataclasses
@@ -35,6 +36,9 @@ class Rejection:
     # "devices": tensors on two devices (meta tensors and FakeTensor put all on one);
     # "kind": a layout, view bit or address that meta tensors and FakeTensor do not keep.
     needs: str = ""
+    # The CPU message gives addresses; meta tensors and FakeTensor give offsets into the storage
+    # instead, so there only the words before them are the CPU op's.
+    addresses: bool = False
 
 
 def expanded(shape, dtype):
@@ -173,6 +177,26 @@ def _tensor_kind_rows():
     return rows
 
 
+OUT_SHAPE, OUT_BYTES = (3, 1, 4, 16), 3 * 4 * 16 * 2  # BASE's out: bf16 (B, 1, Hv, V)
+
+
+def _out_sharing_memory_with(name):
+    """Rule 21: x plus an "out" (the row calls the out overload) that shares bytes with x[name].
+    Both are views of one byte buffer holding x[name]'s values: the larger one at its start, the
+    smaller one 128 bytes in, inside the larger one's span."""
+    def change(x):
+        t = x[name]
+        size = t.numel() * t.element_size()
+        buf = torch.zeros(max(size, OUT_BYTES) + 256, dtype=torch.uint8)
+        t_at, out_at = (0, 128) if size > OUT_BYTES else (128, 0)
+        moved = buf[t_at:t_at + size].view(t.dtype).view(t.shape)
+        moved.copy_(t)
+        out = buf[out_at:out_at + OUT_BYTES].view(torch.bfloat16).view(OUT_SHAPE)
+        return dict(x, **{name: moved}, out=out)
+    return Rejection(f"out-shares-memory-with-{name}", change, ValueError,
+                     f"out must not share memory with {name}, but ", addresses=True)
+
+
 REJECTIONS = _rank_rows() + _dtype_rows() + _empty_rows() + _tensor_kind_rows() + [
     # UINT32 limits (stride-0 tensors: no memory is allocated)
     Rejection("u32-B", lambda x: dict(
@@ -269,25 +293,55 @@ REJECTIONS = _rank_rows() + _dtype_rows() + _empty_rows() + _tensor_kind_rows() 
     _indices("index-duplicate", [3, 0, 3],
              "ssm_state_indices must not repeat a positive slot, but slot 3 is used by rows 0 "
              "and 2"),
+    # the out overload: out written while any input is read
+    *[_out_sharing_memory_with(name) for name in ARG_NAMES],
 ]
 
 
+def _overload(x):
+    """The out overload, writing x["out"], for the rows that give one; else the default one."""
+    return (OP.out, {"out": x["out"]}) if "out" in x else (OP.default, {})
+
+
+def _call(x, thr, key=None):
+    op, kw = _overload(x)
+    return call(redispatch(op, key) if key else op, x, softplus_threshold=thr, **kw)
+
+
+def _to_meta(x):
+    """Meta tensors with the sizes, strides, storage offsets and dtypes of x's; tensors that view
+    one storage (whatever their dtypes) view one meta storage."""
+    storages = {}
+    meta = {}
+    for k, t in x.items():
+        if not torch.is_tensor(t):
+            meta[k] = t
+            continue
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in storages:
+            storages[storage.data_ptr()] = torch.empty(storage.nbytes(), dtype=torch.uint8,
+                                                       device="meta")
+        meta[k] = storages[storage.data_ptr()].view(t.dtype).as_strided(
+            t.shape, t.stride(), t.storage_offset())
+    return meta
+
+
 def _cpu(x, thr):
-    return call(OP, x, softplus_threshold=thr)
+    return _call(x, thr)
 
 
 def _meta(x, thr):
-    return call(OP, to_meta(x), softplus_threshold=thr)
+    return _call(_to_meta(x), thr)
 
 
 def _fake(x, thr):
     with fake_mode() as mode:
-        return call(OP, to_fake(mode, x), softplus_threshold=thr)
+        return _call(to_fake(mode, x), thr)
 
 
 def _composite(x, thr):
     # XPU has no kernel of its own: its calls reach the CompositeExplicitAutograd registration.
-    return call(redispatch(OP.default, "XPU"), x, softplus_threshold=thr)
+    return _call(x, thr, "XPU")
 
 
 def _triton(x, thr):
@@ -295,7 +349,7 @@ def _triton(x, thr):
         pytest.skip("triton is not installed: the CUDA key holds the checked reference")
     old = cuda_backend.set_check_indices(True)  # slot values are checked behind this switch only
     try:
-        return call(redispatch(OP.default, "CUDA"), x, softplus_threshold=thr)
+        return _call(x, thr, "CUDA")
     finally:
         cuda_backend.set_check_indices(old)
 
@@ -331,18 +385,24 @@ def _state_copy(t):
 @pytest.mark.parametrize("backend,row", TABLE)
 def test_rejected(backend, row):
     x = row.change(make_inputs(row.case))
-    state_ref = x["state_ref"]
-    before = _state_copy(state_ref)
+    written = [x[k] for k in ("state_ref", "out") if k in x]
+    before = [_state_copy(t) for t in written]
     with pytest.raises(row.exc) as info:
         BACKENDS[backend](x, _threshold(x))
     msg = str(info.value)
     assert "npu_fused_gdn_decode" in msg and row.fragment in msg, msg
-    if before is not None:
-        assert torch.equal(_state_copy(state_ref), before), "a rejected call changed state_ref"
+    for t, b in zip(written, before):
+        if b is not None:
+            assert torch.equal(_state_copy(t), b), "a rejected call changed state_ref or out"
     if backend != "cpu":  # the same check, so the same words as the CPU op
         with pytest.raises(row.exc) as cpu:
             _cpu(x, _threshold(x))
-        assert msg == str(cpu.value)
+        if row.addresses and backend in ("meta", "fake"):
+            words = str(cpu.value).split(row.fragment)[0] + row.fragment
+            assert msg.startswith(words + "both are views of one storage, out spanning its "
+                                  "bytes ["), msg
+        else:
+            assert msg == str(cpu.value)
 
 
 VALUE_ROWS = [r for r in REJECTIONS if r.needs == "values"]

@@ -197,7 +197,7 @@ at::Tensor run_op(const GdnArgs& args, at::Tensor* out_arg) {
   const int64_t B = d.batch.expect_int(), Hv = d.num_v_heads.expect_int();
   const int64_t V = d.head_v.expect_int();
   if (out_arg != nullptr) {
-    check_fused_gdn_decode_out(*out_arg, d, mixed_qkv, state_ref);
+    check_fused_gdn_decode_out(*out_arg, d, args);
   }
   // The indices are read once: the slot check and the kernel both use this snapshot, so a write
   // to ssm_state_indices during the call (another thread; or this call's own state update when

@@ -14,7 +14,7 @@ at::Tensor run_meta(const GdnArgs& args, at::Tensor* out) {
   RECORD_FUNCTION("custom_ops::npu_fused_gdn_decode_meta", c10::ArrayRef<const c10::IValue>{});
   const GdnDims d = check_fused_gdn_decode_inputs(args);
   if (out != nullptr) {
-    check_fused_gdn_decode_out(*out, d, args.mixed_qkv, args.state_ref);
+    check_fused_gdn_decode_out(*out, d, args);
     return *out;
   }
   return at::empty_symint({d.batch, 1, d.num_v_heads, d.head_v}, args.mixed_qkv.options());

@@ -180,7 +180,7 @@ at::Tensor run_npu(const GdnArgs& args, at::Tensor* out_arg) {
                     d.num_v_heads * d.head_v * d.head_k, ", but got strides ",
                     state_ref.strides(), " for shape ", state_ref.sizes());
   if (out_arg != nullptr) {
-    check_fused_gdn_decode_out(*out_arg, d, mixed_qkv, state_ref);
+    check_fused_gdn_decode_out(*out_arg, d, args);
     check_storage_format(*out_arg, "out");
   }
   const auto api_ref = vendor_api();  // throws, naming what was searched, before any allocation
