@@ -156,6 +156,16 @@ def test_layer_the_op_does_not_take_stays_vllm(vllm_python):
     assert on["token_ids"] == off["token_ids"]
 
 
+def test_kv_transfer_refused_on_cpu(vllm_python):
+    # The CPU pool at rest is in the op's layout, which vLLM's CPU kernels read transposed: an
+    # engine with a KV connector is refused when its GDN layers are built, before any state moves.
+    r = drive(vllm_python, "run", "--kv-transfer", "--report-error", "--lengths", "5,40",
+              "--max-tokens", "4", check=False)
+    assert r["error"].startswith("ValueError: custom_ops.integrations.vllm: CUSTOM_OPS_VLLM=1 on "
+                                 "CPU needs kv_transfer_config unset, got one with "
+                                 "kv_connector='ExampleConnector'"), r
+
+
 def test_untested_vllm_version_refused(vllm_python):
     # Releases outside the range, a release candidate and a dev build inside it.
     r = drive(vllm_python, "refuse")

@@ -175,6 +175,10 @@ def run(args):
     extra = {}
     if args.num_gpu_blocks:
         extra["num_gpu_blocks_override"] = args.num_gpu_blocks
+    if args.kv_transfer:  # vLLM's example connector (files under a temporary directory)
+        extra["kv_transfer_config"] = {
+            "kv_connector": "ExampleConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": tempfile.mkdtemp()}}
     if args.ngram:
         extra["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.ngram,
                                        "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -182,12 +186,18 @@ def run(args):
         make_model(args.family, d, kv_heads=args.kv_heads, head_dim=args.head_dim,
                    value_heads=args.value_heads, key_heads=args.key_heads,
                    linear_head_dim=args.linear_head_dim, hidden=args.hidden)
-        llm = LLM(model=d, skip_tokenizer_init=True, dtype="bfloat16",
-                  max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens,
-                  enable_chunked_prefill=True, enable_prefix_caching=args.prefix_caching,
-                  enforce_eager=True,
-                  mamba_ssm_cache_dtype=args.state_dtype, seed=0, **extra)
+        try:
+            llm = LLM(model=d, skip_tokenizer_init=True, dtype="bfloat16",
+                      max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                      max_num_batched_tokens=args.max_num_batched_tokens,
+                      enable_chunked_prefill=True, enable_prefix_caching=args.prefix_caching,
+                      enforce_eager=True,
+                      mamba_ssm_cache_dtype=args.state_dtype, seed=0, **extra)
+        except Exception as e:  # noqa: BLE001  (reported for the tests to read)
+            if not args.report_error:
+                raise
+            print("RESULT " + json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+            return
         from vllm.model_executor.custom_op import op_registry_oot
 
         lengths = [int(n) for n in args.lengths.split(",")]
@@ -459,6 +469,10 @@ def main():
                    help="vLLM's prefix caching (its default for these models; off here unless set)")
     r.add_argument("--shared-prefix", action="store_true",
                    help="prompts sharing all but their last 7 tokens")
+    r.add_argument("--kv-transfer", action="store_true",
+                   help="a kv_transfer_config (vLLM's ExampleConnector)")
+    r.add_argument("--report-error", action="store_true",
+                   help="an engine that fails to start: print its error as the RESULT")
     r.set_defaults(fn=run)
     sub.add_parser("refuse").set_defaults(fn=refuse)
     sub.add_parser("layer-split").set_defaults(fn=layer_split)

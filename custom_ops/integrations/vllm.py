@@ -16,7 +16,8 @@ Layout: vLLM's CPU kernels keep each slot K-major ([Hv][K][V] in memory, ``view(
 our op reads [Hv][V][K]. The plugin owns the pool in [V][K]: before a non-decode batch it
 transposes, in place, only the slots that batch touches into vLLM's layout, and back after it.
 A new request's slot holds garbage either way (vLLM zeroes or overwrites a slot without initial
-state), so nothing else needs converting.
+state), so nothing else needs converting. Because the pool at rest is not vLLM's CPU layout, an
+engine with a ``kv_transfer_config`` (KV connectors moving states between engines) is refused.
 
 ``CUSTOM_OPS_VLLM_CHECK=1`` (the tests): every decode call also runs vLLM's own decode kernel on a
 shadow pool kept in vLLM's layout and compares output and updated state (per-dtype tolerances);
@@ -144,6 +145,10 @@ def _make_layer_class(base):
     class CustomOpsGatedDeltaNetAttention(base):
         """vLLM's layer; only the CPU core call differs."""
 
+        def __init__(self, config, vllm_config, *args, **kwargs):
+            _refuse_kv_transfer(vllm_config)
+            super().__init__(config, vllm_config, *args, **kwargs)
+
         def forward_cpu(self, hidden_states: torch.Tensor) -> torch.Tensor:
             assert not hasattr(self, "in_proj_qkv"), "lora isn't supported on CPU."  # as vLLM's
             # The projections as vLLM's forward_cpu does them (same layer methods).
@@ -174,6 +179,22 @@ def _make_layer_class(base):
             _cuda_packed_decode(self, mixed_qkv, b, a, core_attn_out, attn_metadata)
 
     return CustomOpsGatedDeltaNetAttention
+
+
+def _refuse_kv_transfer(vllm_config) -> None:
+    """On CPU the pool at rest is in our [V][K] layout, which vLLM's CPU kernels (another
+    engine's, or this one's without the plugin) read as [K][V]: a KV connector moving GDN states
+    between engines would hand them over transposed, silently."""
+    from vllm.platforms import current_platform
+
+    kv = getattr(vllm_config, "kv_transfer_config", None)
+    if kv is not None and current_platform.is_cpu():
+        raise ValueError(
+            f"custom_ops.integrations.vllm: {ENV}=1 on CPU needs kv_transfer_config unset, got "
+            f"one with kv_connector={kv.kv_connector!r} (kv_offloading_size sets one too): the "
+            f"plugin keeps the Gated DeltaNet state pool in the op's [V][K] layout, which vLLM's "
+            f"CPU kernels read as [K][V], so a KV connector would move transposed states. Unset "
+            f"{ENV} or the KV transfer configuration.")
 
 
 # (activations, state) dtype pairs the op takes (docs/spec.md, "Validation").
