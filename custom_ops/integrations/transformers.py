@@ -21,6 +21,9 @@ model. Under an accelerate hook (``cpu_offload``, ``dispatch_model``) the patch 
 ``_old_forward`` the hook's wrapper calls, so the hook still loads the layer's weights; unpatching
 puts back what was there.
 
+Static caches (fixed-address state tensors, for compiled and CUDA graphs) are refused at the
+layer's first call; where torch.compile traces a patched layer it runs transformers' own forward.
+
 Only the transformers versions in ``TESTED_TRANSFORMERS`` are accepted: the decode step rewrites
 the layer's forward for one token, so a release that changes that forward must be tested first.
 """
@@ -238,9 +241,16 @@ class _GdnForward:
         layer = self.layer
         if cache is None:
             cache = cache_params
+        _refuse_static_cache(layer, cache)
+        inner = self.prev if self.prev is not None else type(layer).forward.__get__(layer)
+        if torch.compiler.is_compiling():
+            # Traced by torch.compile: transformers' own forward. The pool (a Python-side
+            # replacement of the cache's tensor) and the op stay out of compiled graphs.
+            return inner(
+                hidden_states, attention_mask=attention_mask, **{self.cache_kw: cache}, **kwargs
+            )
         if _is_decode_step(layer, hidden_states, cache):
             return _hooked_decode()(layer, self, hidden_states, cache, attention_mask)
-        inner = self.prev if self.prev is not None else type(layer).forward.__get__(layer)
         out = inner(
             hidden_states, attention_mask=attention_mask, **{self.cache_kw: cache}, **kwargs
         )
@@ -251,6 +261,25 @@ class _GdnForward:
         ):
             _adopt_state(cache.layers[layer.layer_idx])
         return out
+
+
+def _refuse_static_cache(layer, cache) -> None:
+    """The pool replaces the cache's recurrent-state tensor, whose fixed address a static cache
+    exists to keep (compiled graphs, CUDA graphs): refused at every call, prefill included, so
+    nothing has run when it raises, in eager code and in code torch.compile falls back from."""
+    # transformers' own criterion for compiling generate()'s forward unasked (on CUDA): a
+    # compileable cache that is not a DynamicCache.
+    if (
+        cache is not None
+        and type(cache) is not transformers.DynamicCache
+        and getattr(cache, "is_compileable", False)
+    ):
+        raise ValueError(
+            f"Gated DeltaNet layer {layer.layer_idx} is patched by patch_gdn_decode, which does "
+            f"not support static caches; got {type(cache).__name__} (cache_implementation="
+            f"'static' or a compileable cache). Use a DynamicCache (generate()'s default), or "
+            f"unpatch the model first."
+        )
 
 
 def _hooked(layer) -> bool:

@@ -1,33 +1,39 @@
-"""vLLM general plugin: the pure decode steps of Qwen3-Next / Qwen3.5 Gated DeltaNet layers run
+"""vLLM general plugin: the decode rows of Qwen3-Next / Qwen3.5 Gated DeltaNet layers run
 ``custom::npu_fused_gdn_decode`` on vLLM's own state pool (vLLM's CPU build).
 
 Off unless ``CUSTOM_OPS_VLLM=1``. Then ``register()`` (the ``vllm.general_plugins`` entry point of
 this wheel) replaces ``QwenGatedDeltaNetAttention`` by a subclass whose CPU forward calls the
 opaque op ``torch.ops.vllm.custom_ops_gdn_attention_core``:
 
-- a pure decode batch (no prefill, no speculative rows): vLLM's own conv update, then our op's out
-  overload on vLLM's pool (slot-strided, no copy), writing vLLM's ``core_attn_out`` in place;
-- any other batch (prefill, chunked prefill mixed with decode, speculative decode): vLLM's own
+- the decode rows of a batch without speculation (pure decode, or mixed with prefill rows):
+  vLLM's own conv update, then our op's out overload on vLLM's pool (slot-strided, no copy),
+  writing vLLM's ``core_attn_out`` in place;
+- the prefill rows of such a batch: vLLM's own ``_cpu_gdn_attention_nonspec`` on those rows alone;
+- a batch with speculation configured (spec rows, or the wider conv state): vLLM's own
   ``cpu_gdn_attention_core``, unchanged;
 - a layer whose dtype pair, K or slots our op does not take: vLLM's own, every batch, its pool
   never converted.
 
 Layout: vLLM's CPU kernels keep each slot K-major ([Hv][K][V] in memory, ``view(N, Hv, K, V)``);
-our op reads [Hv][V][K]. The plugin owns the pool in [V][K]: before a non-decode batch it
-transposes, in place, only the slots that batch touches into vLLM's layout, and back after it.
-A new request's slot holds garbage either way (vLLM zeroes or overwrites a slot without initial
-state), so nothing else needs converting.
+our op reads [Hv][V][K]. The plugin owns the pool in [V][K] and transposes slots in place only
+around vLLM's code: around prefill rows, into vLLM's layout the slots with an initial state and
+all their slots back after; around a speculative batch, every slot it names both ways. vLLM
+zeroes or overwrites a slot without initial state, so nothing else needs converting. Because the
+pool at rest is not vLLM's CPU layout, an engine with a ``kv_transfer_config`` (KV connectors
+moving states between engines) is refused.
 
 ``CUSTOM_OPS_VLLM_CHECK=1`` (the tests): every decode call also runs vLLM's own decode kernel on a
 shadow pool kept in vLLM's layout and compares output and updated state (per-dtype tolerances);
-at every call the slots with a prior state must equal the shadow bit for bit, so a state lost or
-mis-converted across prefill / decode / mixed batches / slot reuse / preemption fails the call.
+at every call the slots with a prior state must equal the shadow bit for bit, and so must the
+slots converted for vLLM's prefill, once in its layout, so a state lost or mis-converted across
+prefill / decode / mixed batches / slot reuse / preemption fails the call.
 The shadow repeats the whole-slot copies vLLM makes between steps with prefix caching on.
 
 CPU is routed. CUDA (experimental, also ``CUSTOM_OPS_VLLM_CUDA=1``): the layer's packed-decode
 step ``_forward_core_decode_non_spec`` runs vLLM's conv step and our op; it was exercised only on
-CPU tensors against vLLM's own Triton kernels in Triton's interpreter, never on a GPU. Ascend is
-designed in docs/vllm.md, not shipped.
+CPU tensors against vLLM's own Triton kernels in Triton's interpreter, never on a GPU. vLLM reaches
+that step only with ``VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE`` on (its default); with it off,
+register() warns and installs nothing. Ascend is designed in docs/vllm.md, not shipped.
 """
 
 import logging
@@ -52,7 +58,8 @@ OP_NAME = "custom_ops_gdn_attention_core"
 STATS = {"decode_calls": 0, "decode_rows": 0, "other_calls": 0, "mixed_calls": 0,
          "converted_slots": 0, "cuda_decode_calls": 0, "spec_calls": 0, "spec_seqs": 0,
          "untaken_calls": 0, "checked_calls": 0, "checked_prior_slots": 0, "max_out_diff": 0.0,
-         "max_state_diff": 0.0, "followed_copies": 0}
+         "max_state_diff": 0.0, "followed_copies": 0, "mixed_decode_rows": 0,
+         "checked_converted_slots": 0}
 
 _installed = False
 _shadow = {}  # layer prefix -> (pool, its shadow in vLLM's layout) (check mode)
@@ -73,16 +80,23 @@ def check_enabled() -> bool:
 def version_check(version: str = None) -> None:
     """RuntimeError unless ``version`` (default: the installed vLLM's) is in TESTED_VLLM."""
     from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
+    from packaging.version import InvalidVersion, Version
 
     if version is None:
         import vllm
         version = vllm.__version__
-    # Local/dev suffixes (0.32.0+cpu) compare by their release.
-    if Version(Version(version).base_version) not in SpecifierSet(TESTED_VLLM):
+    # PEP 440's reading of the range: pre-releases and dev builds (0.32.0rc1, 0.32.1.dev7+g...)
+    # are outside it, as untested as any other; local labels (0.32.0+cpu) and post-releases of a
+    # release in it are in it.
+    try:
+        tested = SpecifierSet(TESTED_VLLM).contains(Version(version), prereleases=False)
+    except InvalidVersion:
+        tested = False
+    if not tested:
         raise RuntimeError(
             f"custom_ops.integrations.vllm: vLLM {version} is not a tested version "
-            f"({TESTED_VLLM}); unset {ENV} or install a tested vLLM")
+            f"({TESTED_VLLM}, pre-releases and dev builds excluded); unset {ENV} or install a "
+            f"tested vLLM")
 
 
 def register() -> None:
@@ -98,6 +112,13 @@ def register() -> None:
         log.warning("custom_ops: %s=1 but the platform is not CPU; only vLLM's CPU path is "
                     "routed (CUDA: experimental, %s=1; docs/vllm.md)", ENV, CUDA_ENV)
         return
+    if cuda and not _packed_decode_enabled():
+        # vLLM's _forward_core reaches _forward_core_decode_non_spec, the one step the CUDA
+        # route replaces, only with its packed decode on.
+        log.warning("custom_ops: %s=1 %s=1 but VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE=0: vLLM's "
+                    "CUDA layers then never take the packed decode step the plugin replaces, so "
+                    "no call would be routed; nothing installed (docs/vllm.md)", ENV, CUDA_ENV)
+        return
     import custom_ops  # noqa: F401  (registers torch.ops.custom.*)
     from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
         QwenGatedDeltaNetAttention,
@@ -112,7 +133,14 @@ def register() -> None:
     if check_enabled():
         _follow_state_copies()
     _installed = True
-    log.info("custom_ops: Gated DeltaNet decode steps run custom::npu_fused_gdn_decode")
+    log.info("custom_ops: Gated DeltaNet decode steps run custom::npu_fused_gdn_decode (%s)",
+             "CUDA, experimental: packed decode batches" if cuda else "CPU")
+
+
+def _packed_decode_enabled() -> bool:
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE)
 
 
 def _make_layer_class(base):
@@ -121,6 +149,10 @@ def _make_layer_class(base):
 
     class CustomOpsGatedDeltaNetAttention(base):
         """vLLM's layer; only the CPU core call differs."""
+
+        def __init__(self, config, vllm_config, *args, **kwargs):
+            _refuse_kv_transfer(vllm_config)
+            super().__init__(config, vllm_config, *args, **kwargs)
 
         def forward_cpu(self, hidden_states: torch.Tensor) -> torch.Tensor:
             assert not hasattr(self, "in_proj_qkv"), "lora isn't supported on CPU."  # as vLLM's
@@ -152,6 +184,22 @@ def _make_layer_class(base):
             _cuda_packed_decode(self, mixed_qkv, b, a, core_attn_out, attn_metadata)
 
     return CustomOpsGatedDeltaNetAttention
+
+
+def _refuse_kv_transfer(vllm_config) -> None:
+    """On CPU the pool at rest is in our [V][K] layout, which vLLM's CPU kernels (another
+    engine's, or this one's without the plugin) read as [K][V]: a KV connector moving GDN states
+    between engines would hand them over transposed, silently."""
+    from vllm.platforms import current_platform
+
+    kv = getattr(vllm_config, "kv_transfer_config", None)
+    if kv is not None and current_platform.is_cpu():
+        raise ValueError(
+            f"custom_ops.integrations.vllm: {ENV}=1 on CPU needs kv_transfer_config unset, got "
+            f"one with kv_connector={kv.kv_connector!r} (kv_offloading_size sets one too): the "
+            f"plugin keeps the Gated DeltaNet state pool in the op's [V][K] layout, which vLLM's "
+            f"CPU kernels read as [K][V], so a KV connector would move transposed states. Unset "
+            f"{ENV} or the KV transfer configuration.")
 
 
 # (activations, state) dtype pairs the op takes (docs/spec.md, "Validation").
@@ -227,12 +275,18 @@ def _gdn_attention_core(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tenso
         vllm_gdn.cpu_gdn_attention_core(mixed_qkv, b, a, core_attn_out, layer.prefix)
         return
     check = check_enabled()
-    pure_decode = (m.num_prefills == 0 and m.num_spec_decodes == 0 and m.num_decodes > 0
-                   and m.spec_sequence_masks is None and not _wide_conv_state(layer))
+    # Without speculation vLLM's CPU code runs a batch's decode rows (first, one token each) and
+    # its prefill rows apart, on distinct slots: the decode rows are ours whatever the batch.
+    non_spec = (m.num_spec_decodes == 0 and m.spec_sequence_masks is None
+                and m.num_decode_tokens == m.num_decodes and not _wide_conv_state(layer))
     if check:
-        _check_prior_state(layer, m, pool, pure_decode)
-    if pure_decode:
-        _decode(layer, m, mixed_qkv, b, a, core_attn_out, pool, check)
+        _check_prior_state(layer, m, pool, non_spec and m.num_prefills == 0)
+    if non_spec:
+        if m.num_decodes > 0:
+            _decode(layer, m, mixed_qkv, b, a, core_attn_out, pool, check)
+        if m.num_prefills > 0:
+            STATS["mixed_calls"] += int(m.num_decodes > 0)
+            _prefill(layer, m, mixed_qkv, b, a, core_attn_out, pool, check)
         return
     slots = _valid_slots(m.non_spec_state_indices_tensor, m.spec_state_indices_tensor)
     STATS["other_calls"] += 1
@@ -247,6 +301,37 @@ def _gdn_attention_core(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tenso
             _shadow_pool(layer, pool)[slots] = _k_major(pool)[slots]
     finally:
         _to_our_layout(pool, slots)
+
+
+def _prefill(layer, m, mixed_qkv, b, a, core_attn_out, pool, check):
+    """The batch's prefill rows alone through vLLM's own CPU code. Only their slots change
+    layout: into vLLM's those with an initial state (vLLM zeroes the others), all back after."""
+    import dataclasses
+
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as vllm_gdn
+
+    nd, npre = m.num_decodes, m.num_prefills
+    t0, t1 = m.num_decode_tokens, m.num_decode_tokens + m.num_prefill_tokens
+    idx = m.non_spec_state_indices_tensor[nd:nd + npre]
+    initial = m.has_initial_state[nd:nd + npre]
+    # vLLM's metadata for these rows as if they were the whole batch.
+    part = dataclasses.replace(
+        m, num_decodes=0, num_decode_tokens=0, num_actual_tokens=t1 - t0,
+        non_spec_state_indices_tensor=idx, has_initial_state=initial,
+        non_spec_query_start_loc=m.non_spec_query_start_loc[nd:nd + npre + 1] - t0)
+    carried, written = _valid_slots(idx[initial]), _valid_slots(idx)
+    STATS["other_calls"] += 1
+    STATS["converted_slots"] += int(carried.numel())
+    _to_vllm_layout(pool, carried)
+    try:
+        if check:
+            _check_converted(layer, pool, carried)
+        vllm_gdn._cpu_gdn_attention_nonspec(layer, part, mixed_qkv[t0:t1], b[t0:t1], a[t0:t1],
+                                            core_attn_out[t0:t1])
+        if check:
+            _shadow_pool(layer, pool)[written] = _k_major(pool)[written]
+    finally:
+        _to_our_layout(pool, written)
 
 
 def _wide_conv_state(layer) -> bool:
@@ -304,6 +389,7 @@ def _decode(layer, m, mixed_qkv, b, a, core_attn_out, pool, check):
         x, a[:n], b[:n], a_log, dt_bias, pool, indices, layer.head_k_dim ** -0.5, out=out)
     STATS["decode_calls"] += 1
     STATS["decode_rows"] += n
+    STATS["mixed_decode_rows"] += n if m.num_prefills else 0
     if check:
         _compare(layer, pool, core_attn_out[:n], ref_out, indices)
 
@@ -412,6 +498,17 @@ def _check_prior_state(layer, m, pool, pure_decode):
         raise AssertionError(f"custom_ops vLLM plugin: layer {layer.prefix}: the state of slots "
                              f"{bad} changed between calls")
     STATS["checked_prior_slots"] += int(slots.numel())
+
+
+def _check_converted(layer, pool, slots):
+    """The slots vLLM is about to read, in its layout, hold exactly the shadow's states."""
+    shadow = _shadow_pool(layer, pool)
+    theirs = _k_major(pool)[slots]
+    if not torch.equal(theirs, shadow[slots]):
+        bad = [int(s) for s, t, r in zip(slots, theirs, shadow[slots]) if not torch.equal(t, r)]
+        raise AssertionError(f"custom_ops vLLM plugin: layer {layer.prefix}: slots {bad} do not "
+                             f"hold their state in vLLM's layout before its prefill")
+    STATS["checked_converted_slots"] += int(slots.numel())
 
 
 def _vllm_decode(layer, m, x, a, b, indices):
