@@ -1,0 +1,136 @@
+// Cycles per instruction (reciprocal throughput) of the AVX-512 instructions the kernel's 16-bit
+// paths are made of, on the machine it runs on: independent instructions in a loop, timed, over
+// the time of one cycle read from a chain of dependent adds (one per cycle). Pairs show whether
+// two kinds share a pipe (a pair costing the larger of its two does not). For reading a CPU, not
+// for the kernel; see docs/cpu_kernel.md. Needs AVX-512 F/BW/VL and AVX512-BF16:
+//
+//   g++ -O2 -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -o /tmp/avx512_ops benchmarks/micro/avx512_ops.cpp && /tmp/avx512_ops
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// ns per cycle: a chain of dependent adds.
+double cycle_ns() {
+  uint64_t a = 0;
+  const long n = 100000000;
+  const double t = now();
+  for (long i = 0; i < n; i += 8) {
+    asm volatile(
+        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+        "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0"
+        : "+r"(a));
+  }
+  return (now() - t) / n * 1e9;
+}
+
+alignas(64) char buf[1 << 14];
+
+#define CLOBBERS                                                                                \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",      \
+      "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", \
+      "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", \
+      "xmm31", "memory"
+// A timed loop of one asm body; ns per iteration.
+#define BODY(NAME, INSTRS)                             \
+  double NAME(long n) {                                \
+    char* p = buf;                                     \
+    const double t = now();                            \
+    for (long i = 0; i < n; ++i) {                     \
+      asm volatile(INSTRS : : "r"(p) : CLOBBERS);      \
+    }                                                  \
+    return (now() - t) / n * 1e9;                      \
+  }
+#define X8(op) op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7)
+// Eight independent instructions writing zmm0-7 from zmm30/31 (or, pairs, a second kind writing
+// zmm10-17).
+#define FMA(i) "vfmadd231ps %%zmm30, %%zmm31, %%zmm" #i "\n\t"
+#define MUL(i) "vmulps %%zmm30, %%zmm31, %%zmm" #i "\n\t"
+#define PERMW(i) "vpermw %%zmm30, %%zmm31, %%zmm" #i "%{%%k1%}%{z%}\n\t"
+#define PERMT2W(i) "vpermt2w %%zmm30, %%zmm31, %%zmm" #i "\n\t"
+#define SRL(i) "vpsrld $16, %%zmm30, %%zmm" #i "\n\t"
+#define AND(i) "vpandd %%zmm30, %%zmm31, %%zmm" #i "\n\t"
+#define ADD(i) "vpaddd %%zmm30, %%zmm31, %%zmm" #i "\n\t"
+#define CVT2BF(i) "vcvtne2ps2bf16 %%zmm30, %%zmm31, %%zmm" #i "\n\t"
+#define CVTBF(i) "vcvtneps2bf16 %%zmm30, %%ymm" #i "\n\t"
+#define PH2PS(i) "vcvtph2ps %%ymm30, %%zmm" #i "\n\t"
+#define PS2PH(i) "vcvtps2ph $0, %%zmm30, %%ymm" #i "\n\t"
+#define FMA_PERMW(i) FMA(i) "vpermw %%zmm30, %%zmm31, %%zmm1" #i "\n\t"
+#define FMA_SRL(i) FMA(i) "vpsrld $16, %%zmm30, %%zmm1" #i "\n\t"
+#define FMA_ADD(i) FMA(i) "vpaddd %%zmm30, %%zmm31, %%zmm1" #i "\n\t"
+#define PERMW_SRL(i) "vpermw %%zmm30, %%zmm31, %%zmm" #i "\n\t" "vpsrld $16, %%zmm30, %%zmm1" #i "\n\t"
+#define ST64(i) "vmovups %%zmm" #i ", " #i "*64(%0)\n\t"
+#define ST32(i) "vmovups %%ymm" #i ", " #i "*64(%0)\n\t"
+#define LD64(i) "vmovups " #i "*64+4096(%0), %%zmm" #i "\n\t"
+#define LD32(i) "vmovups " #i "*64+4096(%0), %%ymm" #i "\n\t"
+#define ST64_ST32(i) ST64(i) "vmovups %%ymm1" #i ", " #i "*64+2048(%0)\n\t"
+
+BODY(fma, X8(FMA))
+BODY(mul, X8(MUL))
+BODY(permw, X8(PERMW))
+BODY(permt2w, X8(PERMT2W))
+BODY(srl, X8(SRL))
+BODY(and_, X8(AND))
+BODY(add, X8(ADD))
+BODY(cvt2bf, X8(CVT2BF))
+BODY(cvtbf, X8(CVTBF))
+BODY(ph2ps, X8(PH2PS))
+BODY(ps2ph, X8(PS2PH))
+BODY(fma_permw, X8(FMA_PERMW))
+BODY(fma_srl, X8(FMA_SRL))
+BODY(fma_add, X8(FMA_ADD))
+BODY(permw_srl, X8(PERMW_SRL))
+BODY(st64, X8(ST64))
+BODY(st32, X8(ST32))
+BODY(ld64, X8(LD64))
+BODY(ld32, X8(LD32))
+BODY(st64_st32, X8(ST64_ST32))
+
+} // namespace
+
+int main() {
+  const struct {
+    const char* name;
+    double (*f)(long);
+  } kinds[] = {{"vfmadd231ps zmm", fma},
+               {"vmulps zmm", mul},
+               {"vpermw zmm {z}", permw},
+               {"vpermt2w zmm", permt2w},
+               {"vpsrld zmm", srl},
+               {"vpandd zmm", and_},
+               {"vpaddd zmm", add},
+               {"vcvtne2ps2bf16 zmm", cvt2bf},
+               {"vcvtneps2bf16 zmm->ymm", cvtbf},
+               {"vcvtph2ps ymm->zmm", ph2ps},
+               {"vcvtps2ph zmm->ymm", ps2ph},
+               {"vfmadd + vpermw (pair)", fma_permw},
+               {"vfmadd + vpsrld (pair)", fma_srl},
+               {"vfmadd + vpaddd (pair)", fma_add},
+               {"vpermw + vpsrld (pair)", permw_srl},
+               {"store zmm (L1)", st64},
+               {"store ymm (L1)", st32},
+               {"load zmm (L1)", ld64},
+               {"load ymm (L1)", ld32},
+               {"store zmm + store ymm (pair)", st64_st32}};
+  asm volatile("kxnord %%k0, %%k0, %%k1" : : : "k1");
+  std::printf("cycles per instruction (or pair), best of 5 x 2M iterations of 8; the clock read "
+              "around each line\n");
+  for (int round = 0; round < 2; ++round) {
+    for (const auto& k : kinds) {
+      const double before = cycle_ns();
+      double best = 1e9;
+      for (int r = 0; r < 5; ++r) {
+        const double t = k.f(2000000);
+        best = t < best ? t : best;
+      }
+      const double c = (before + cycle_ns()) / 2;
+      std::printf("%-30s %6.2f   (%.2f GHz)\n", k.name, best / c / 8, 1 / c);
+    }
+  }
+}
