@@ -1,5 +1,5 @@
 // The core's clock, read by the benchmarks (custom_ops_internal.core_clock_ghz for
-// `python -m benchmarks`, and benchmarks/kernel_ab.cpp) next to what they time.
+// `python -m benchmarks`, benchmarks/kernel_ab.cpp and benchmarks/micro) next to what they time.
 #pragma once
 
 #include <algorithm>
