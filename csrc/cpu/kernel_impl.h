@@ -243,6 +243,8 @@ class RowGroups {
   // at most two groups ahead of pass two), which pass two reads instead of widening and
   // multiplying again. Widening is exact and the product the same, so the bits are the same
   // either way.
+  // Not an fp32 state: there the ring's 64-byte store cost more than loading and multiplying
+  // again (AMD Zen 4, docs/bench_ab_zen4_fp32_ring.txt).
   static constexpr bool kKeepWidened = kWidenOnce && !std::is_same_v<S, float>;
 
   // Floats of one slot of the ring of widened rows: a block more than a group's rows, so that the
