@@ -2,11 +2,12 @@ import os
 import pathlib
 import sys
 
-# The Triton kernel runs on CPU tensors through Triton's interpreter here (there is no GPU). Set
-# before anything jits it: custom_ops.triton_kernel decorates the kernel on its first launch.
-os.environ["TRITON_INTERPRET"] = "1"
+import pytest
+import torch
 
-import pytest  # noqa: E402
+# Triton runs interpreted on CPU tensors where there is no CUDA device, compiled where there is
+# one; a process cannot do both (tests/triton_mode.py). Chosen before anything imports triton.
+os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
 
 import custom_ops  # noqa: E402
 from custom_ops.cpu import VARIANTS  # noqa: E402

@@ -39,8 +39,7 @@ POOL_ATOL = 6e-5
 
 def cache_kw():
     # transformers 5.24 renamed the models' `past_key_values` argument to `cache`. (Looked up when
-    # a test runs: importing a model module imports torch._dynamo and with it triton, which must not
-    # happen at collection, before test_triton_interpret.py sets TRITON_INTERPRET.)
+    # a test runs, not at collection: importing a model module imports torch._dynamo.)
     params = inspect.signature(transformers.Qwen3NextForCausalLM.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 

@@ -20,6 +20,7 @@ from custom_ops import fused_gdn_decode_reference
 from custom_ops.testing import (DTYPE_PAIR_IDS, DTYPE_PAIRS, OP, Case, assert_close, call,
                                 fake_mode, make_inputs, paged_pool, positional_args, redispatch,
                                 storage_bytes, to_device, to_fake, to_meta, use_cpu_isa)
+from triton_mode import skip_unless_interpreter
 
 OUT = OP.out
 
@@ -27,6 +28,7 @@ OUT = OP.out
 def _triton_or_skip():
     if cuda_backend.KERNEL is not cuda_backend.fused_gdn_decode_cuda:
         pytest.skip("triton is not installed: the CUDA key holds the checked reference")
+    skip_unless_interpreter()  # the Triton kernel on CPU tensors
 
 
 BACKENDS = ["cpu", "cpu-portable", "composite", "triton"]

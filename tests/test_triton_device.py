@@ -7,10 +7,11 @@ memory), and a fake of the CUDA runtime's current device (``torch.cuda.device`` 
 ``torch.cuda.current_device``) with cuda:0 current. The jitted kernel is replaced by a recorder of
 the current device at launch.
 
-The tests after them need a CUDA device (skipped without one; ``python -m pytest
+The tests after them run the compiled kernel on a CUDA device (skipped without one, and in a
+process that runs Triton's interpreter: tests/triton_mode.py; ``python -m pytest
 tests/test_triton_device.py`` on a GPU host). What a real second GPU does is checked by
-test_multi_gpu_device_guard on a host with two. The NaN/Inf cases of the compiled kernel are
-tests/test_triton_interpret.py's, parametrized on a CUDA device there.
+test_multi_gpu_device_guard on a host with two. The NaN/Inf cases are test_triton_interpret.py's,
+run compiled.
 """
 
 import contextlib
@@ -20,6 +21,8 @@ import importlib.util
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+
+from custom_ops.testing import VALUE_PLACES
 
 pytest.importorskip("triton")
 
@@ -57,6 +60,12 @@ class RecordingKernel:
 
 @pytest.mark.parametrize("tensor_device,current", [("cuda:1", 0), ("cuda:0", 1), ("cuda:1", 1)])
 def test_launch_on_the_tensors_device(monkeypatch, tensor_device, current):
+    index = torch.device(tensor_device).index
+    if torch.cuda.is_available() and index >= torch.cuda.device_count():
+        # Where CUDA is real, torch.empty checks the index even under FakeTensorMode.
+        pytest.skip(f"FakeTensorMode cannot make {tensor_device} tensors on a host with "
+                    f"{torch.cuda.device_count()} CUDA device(s); test_multi_gpu_device_guard "
+                    "runs the real case on two")
     runtime = FakeCurrentDevice(current)
     monkeypatch.setattr(torch.cuda, "device", runtime.device)
     monkeypatch.setattr(torch.cuda, "current_device", runtime.current_device)
@@ -97,14 +106,13 @@ def test_cpu_tensors_enter_no_cuda_device(monkeypatch):
 
 # ---- On a CUDA device ---------------------------------------------------------------------------
 
-from triton_mode import compiled_triton  # noqa: E402,F401  (a fixture)
-
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+from triton_mode import NONFINITE, check_nonfinite_case, needs_compiled_cuda  # noqa: E402
 
 
 def cuda_test(fn):
-    """A test on a CUDA device, of the compiled kernel; skipped without one."""
-    return requires_cuda(pytest.mark.usefixtures("compiled_triton")(fn))
+    """A test on a CUDA device, of the compiled kernel; skipped without one, and in a process
+    that runs Triton's interpreter."""
+    return needs_compiled_cuda(fn)
 
 OP = torch.ops.custom.npu_fused_gdn_decode
 
@@ -150,6 +158,16 @@ def test_matches_reference_on_cuda(no_tf32, case):
     from custom_ops.testing import check_against_reference, make_inputs
 
     check_against_reference(make_inputs(case, device="cuda"), steps=3, fn=OP)
+
+
+@cuda_test
+@pytest.mark.parametrize("value", NONFINITE, ids=str)
+@pytest.mark.parametrize("place", VALUE_PLACES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_nan_and_inf_like_the_reference_on_cuda(no_tf32, state_dtype, place, value):
+    # The interpreter's cases (test_triton_interpret.py) on the compiled kernel, whose exp, log,
+    # min and max are the GPU's, not numpy's.
+    check_nonfinite_case(OP, "cuda", state_dtype, place, value)
 
 
 @cuda_test

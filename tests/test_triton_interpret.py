@@ -3,7 +3,8 @@
 The kernel is reached the way CUDA calls reach it: through the dispatcher's CUDA entry
 (``redispatch``), i.e. the registered, checked function, then the launcher. The interpreter is slow,
 so shapes are small; K = 136 and V = 8 / 48 cover non-powers of two and partial tiles. conftest.py
-sets TRITON_INTERPRET=1 before the kernel is first jitted.
+sets TRITON_INTERPRET=1 before triton is imported where there is no CUDA device; on a GPU host these
+tests need TRITON_INTERPRET=1 set (tests/triton_mode.py).
 """
 
 import pytest
@@ -31,13 +32,16 @@ from custom_ops.testing import (  # noqa: E402
     with_value_at,
 )
 
-from triton_mode import compiled_triton  # noqa: E402,F401  (a fixture)
+from triton_mode import NONFINITE, check_nonfinite_case, needs_interpreter  # noqa: E402
 
 OVERLOAD = torch.ops.custom.npu_fused_gdn_decode.default
 
 if cuda_backend.KERNEL is not cuda_backend.fused_gdn_decode_cuda:
     pytest.skip("the CUDA key does not hold the Triton kernel", allow_module_level=True)
 
+# Every test here runs the kernel on CPU tensors; the compiled kernel's cases are in
+# test_triton_device.py.
+pytestmark = needs_interpreter
 
 # The op as the dispatcher runs it for CUDA tensors, here on CPU tensors.
 cuda_entry = redispatch(OVERLOAD, "CUDA")
@@ -210,36 +214,12 @@ def test_state_rounds_to_nearest_even(state_dtype):
     assert same_out > 0.9, f"only {same_out:.1%} of out matches the reference bit for bit"
 
 
-NONFINITE = [float("nan"), float("inf"), float("-inf")]
-
-
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, inside the interpreter, on inf/NaN
 @pytest.mark.parametrize("value", NONFINITE, ids=str)
 @pytest.mark.parametrize("place", VALUE_PLACES)
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=short)
-@pytest.mark.parametrize("device", [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                  reason="needs a CUDA device")),
-], ids=["interpreter", "compiled"])
-def test_nan_and_inf_like_the_reference(request, device, state_dtype, place, value):
-    # NaN and +-Inf in out and in the whole state exactly where the reference has them (the
-    # finite rest within tolerance). K = 136 leaves 120 padded lanes in the kernel's 256-wide
-    # rows. q = k makes every term of out = S q the same sign, so an Inf reaching out stays an Inf
-    # in the reference instead of turning into NaN by cancellation. On a CUDA host the compiled
-    # kernel runs the same cases (its exp/log/min/max are not numpy's).
-    if device == "cuda":
-        request.getfixturevalue("compiled_triton")
-    H, K = 1, 136
-    x = make_inputs(Case(B=2, H=H, Hv=2, K=K, V=16, state_dtype=state_dtype,
-                         dtype=torch.bfloat16, seed=11), device=device)
-    x["mixed_qkv"][:, :H * K] = x["mixed_qkv"][:, H * K:2 * H * K]
-    y = with_value_at(x, place, value)
-    ours, ref = clone_inputs(y), clone_inputs(y)
-    out = call(cuda_entry, ours)
-    out_ref = call(fused_gdn_decode_reference, ref)
-    assert_close(out, out_ref, "out", equal_nan=True)
-    assert_close(ours["state_ref"], ref["state_ref"], "state", equal_nan=True)
+def test_nan_and_inf_like_the_reference(state_dtype, place, value):
+    check_nonfinite_case(cuda_entry, "cpu", state_dtype, place, value)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
