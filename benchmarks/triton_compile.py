@@ -56,7 +56,7 @@ def config_id(dtype, state_dtype, K, V, cfg):
     return f"{short(dtype)}-{short(state_dtype)}-K{K}-V{V}-BV{cfg.BV}-w{cfg.num_warps}"
 
 
-def launch_for(dtype, state_dtype, K, V, H=16, Hv=32, config=None):
+def launch_for(dtype, state_dtype, K, V, H=16, Hv=32, config=None, pdl=False):
     """(grid, args, kwargs) of the launch for these sizes (Qwen3-Next heads by default), built by
     the launcher's own launch_config from the shared input generator's "projection" layout.
 
@@ -70,7 +70,7 @@ def launch_for(dtype, state_dtype, K, V, H=16, Hv=32, config=None):
                          layout="projection"), state_ref=state)
     out = torch.empty(B, 1, Hv, V, dtype=dtype)
     return tk.launch_config(x["mixed_qkv"], x["a"], x["b"], x["a_log"], x["dt_bias"], state,
-                            x["ssm_state_indices"], out, x["scale"], 20.0, config)
+                            x["ssm_state_indices"], out, x["scale"], 20.0, config, pdl=pdl)
 
 
 def compile_launch(fn, arch, args, kwargs):
@@ -98,7 +98,8 @@ def compile_config(arch, dtype, state_dtype, K, V, config=None):
     """The op's kernel compiled for sm_<arch> as the launcher launches it for these sizes."""
     from custom_ops import triton_kernel as tk
 
-    _, args, kwargs = launch_for(dtype, state_dtype, K, V, config=config)
+    # The launcher makes every launch on sm_90 and later a programmatic dependent one.
+    _, args, kwargs = launch_for(dtype, state_dtype, K, V, config=config, pdl=arch >= 90)
     return compile_launch(tk._kernel_body, arch, args, kwargs)
 
 

@@ -100,17 +100,16 @@ def test_several_v_tiles_and_forced_config():
     check_against_reference(x, fn=lambda *a, **kw: tk.fused_gdn_decode_triton(*a, config=cfg, **kw))
 
 
-def test_grid_limits_split_v_tiles_and_batch_rows(monkeypatch):
-    # CUDA's grid limits (GRID_YZ_MAX on axes 1 and 2, GRID_X_MAX on axis 0) made small: 5 V tiles
-    # go over axes 1 x 2 as 2 x 3 (the sixth program all masked), and 3 rows x Hv = 2 over three
-    # launches of one row. The results must not depend on it.
-    monkeypatch.setattr(tk, "GRID_YZ_MAX", 2)
-    monkeypatch.setattr(tk, "GRID_X_MAX", 3)
+def test_grid_limit_splits_batch_rows(monkeypatch):
+    # CUDA's limit on grid axis 0 (GRID_X_MAX programs) made small: 3 rows x Hv = 2 x 5 V tiles
+    # go as three launches of one row (10 programs each, V tile fastest). The results must not
+    # depend on it.
+    monkeypatch.setattr(tk, "GRID_X_MAX", 15)
     x = make_inputs(Case(B=3, H=1, Hv=2, K=64, V=20, invalid_rows=(1,)))
     cfg = tk.TileConfig(BK=64, BV=4, num_warps=1)
     out = torch.empty(3, 1, 2, 20, dtype=x["mixed_qkv"].dtype)
-    grid, _, _ = tk.launch_config(*(x[n] for n in ARG_NAMES), out, 0.125, 20.0, cfg)
-    assert grid == (6, 2, 3)
+    grid, _, kwargs = tk.launch_config(*(x[n] for n in ARG_NAMES), out, 0.125, 20.0, cfg)
+    assert grid == (30,) and kwargs["NV"] == 5 and kwargs["EVEN"]
     launches = []
     kernel = tk._jitted(tk._interpret_mode())
 
@@ -121,25 +120,29 @@ def test_grid_limits_split_v_tiles_and_batch_rows(monkeypatch):
 
     monkeypatch.setattr(tk, "_jitted", lambda interpret: Counting())
     check_against_reference(x, fn=lambda *a, **kw: tk.fused_gdn_decode_triton(*a, config=cfg, **kw))
-    assert launches == [(2, 2, 3)] * 3
+    assert launches == [(10,)] * 3
 
 
 @pytest.mark.parametrize("K,V,state_dtype", [(2032, 140000, torch.float32),
                                              (2032, 140000, torch.bfloat16),
+                                             (136, 48, torch.float32),
                                              (128, 128, torch.float32)])
 def test_grid_within_cuda_limits(K, V, state_dtype):
-    # Shapes the op accepts whose V tiles pass 65535 (one or two rows per tile at K = 2032): on
-    # meta tensors, only the launch configuration.
+    # Shapes the op accepts with more than 65535 V tiles (one row per tile at K = 2032) go on the
+    # one grid axis that takes 2**31 - 1 programs; partial tiles turn the masks on. On meta
+    # tensors: only the launch configuration.
     meta = {"device": "meta", "dtype": torch.bfloat16}
     mixed_qkv, ab = torch.empty(2, 2 * K + V, **meta), torch.empty(2, 1, **meta)
     a_log, dt_bias = torch.empty(1, device="meta"), torch.empty(1, **meta)
     state = torch.empty(2, 1, V, K, device="meta", dtype=state_dtype)
     idx = torch.empty(2, device="meta", dtype=torch.int32)
     out = torch.empty(2, 1, 1, V, **meta)
-    grid, _, _ = tk.launch_config(mixed_qkv, ab, ab, a_log, dt_bias, state, idx, out, 0.125, 20.0)
-    v_tiles = triton.cdiv(V, tk.tile_config(K, V, state_dtype).BV)
-    assert grid[0] == 2 and max(grid[1:]) <= 65535 and grid[1] * grid[2] >= v_tiles > 65535 or (
-        V == 128 and grid == (2, v_tiles, 1))
+    grid, _, kwargs = tk.launch_config(mixed_qkv, ab, ab, a_log, dt_bias, state, idx, out, 0.125,
+                                       20.0)
+    cfg = tk.tile_config(K, V, state_dtype)
+    v_tiles = triton.cdiv(V, cfg.BV)
+    assert grid == (2 * v_tiles,) and grid[0] <= tk.GRID_X_MAX and kwargs["NV"] == v_tiles
+    assert kwargs["EVEN"] == (V % cfg.BV == 0 and K == cfg.BK)
 
 
 @pytest.mark.parametrize("fn", ["cpu", "triton"])

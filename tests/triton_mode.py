@@ -62,3 +62,11 @@ def check_nonfinite_case(fn, device, state_dtype, place, value):
     out_ref = call(fused_gdn_decode_reference, ref)
     assert_close(out, out_ref, "out", equal_nan=True)
     assert_close(ours["state_ref"], ref["state_ref"], "state", equal_nan=True)
+    # A bf16 NaN is stored as torch's canonical 0x7FC0 (as the CPU kernel does), not as the
+    # 0x7FFF of the GPU's cvt.rn.
+    for name, t in (("out", out), ("state", ours["state_ref"])):
+        if t.dtype == torch.bfloat16:
+            bits = t.view(torch.int16)[t.isnan()]
+            assert bits.numel() == 0 or (bits == 0x7FC0).all(), (
+                f"{name}: NaN bits {sorted({hex(b & 0xFFFF) for b in bits.tolist()})}, "
+                "want 0x7fc0")
