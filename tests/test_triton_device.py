@@ -20,6 +20,10 @@ import importlib.util
 
 import pytest
 import torch
+# Imported before the tests below patch a fake current device into torch.cuda: Dynamo's CUDA
+# interface keeps the torch.cuda functions it finds when first imported, and on a GPU host the
+# torch.compile tests later in the session would go on asking the fake for the current device.
+import torch._dynamo.device_interface  # noqa: F401
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from custom_ops.testing import VALUE_PLACES
