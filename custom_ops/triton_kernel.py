@@ -194,7 +194,7 @@ def pdl_supported(device_index: int) -> bool:
     sm_90 or later (griddepcontrol), with a triton that has the instructions (3.3 and later)."""
     if torch.version.hip is not None:
         return False
-    cuda = getattr(tl.extra, "cuda", None)
+    cuda = getattr(getattr(tl, "extra", None), "cuda", None)
     if cuda is None or not hasattr(cuda, "gdc_wait"):
         return False
     return torch.cuda.get_device_capability(device_index)[0] >= 9

@@ -20,6 +20,7 @@ import importlib.util
 
 import pytest
 import torch
+
 # Imported before the tests below patch a fake current device into torch.cuda: Dynamo's CUDA
 # interface keeps the torch.cuda functions it finds when first imported, and on a GPU host the
 # torch.compile tests later in the session would go on asking the fake for the current device.
@@ -88,6 +89,34 @@ def test_launch_on_the_tensors_device(monkeypatch, tensor_device, current):
         assert out.device == torch.device(tensor_device)
     assert kernel.launched_on == [torch.device(tensor_device).index]
     assert runtime.current == current  # restored after the launch
+
+
+@pytest.mark.parametrize("capability,hip,want", [((8, 0), None, False), ((8, 9), None, False),
+                                                 ((9, 0), None, True), ((10, 0), None, True),
+                                                 ((9, 4), "6.2", False)],
+                         ids=["sm80", "sm89", "sm90", "sm100", "rocm-gfx94x"])
+def test_programmatic_dependent_launch_only_on_nvidia_sm90_and_later(monkeypatch, capability,
+                                                                      hip, want):
+    # A double of the device query: griddepcontrol exists from sm_90 on NVIDIA, never on ROCm
+    # (whose MI300 also reports major 9).
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    tk.pdl_supported.cache_clear()
+    try:
+        assert tk.pdl_supported(0) is want
+    finally:
+        tk.pdl_supported.cache_clear()
+    _, _, kwargs = tk.launch_config(*_meta_call_args(), pdl=want)
+    assert kwargs["PDL"] is want and kwargs.get("launch_pdl", False) is want
+
+
+def _meta_call_args(B=2, H=1, Hv=2, K=64, V=16):
+    meta = {"device": "meta", "dtype": torch.bfloat16}
+    return (torch.empty(B, 2 * H * K + Hv * V, **meta), torch.empty(B, Hv, **meta),
+            torch.empty(B, Hv, **meta), torch.empty(Hv, device="meta"), torch.empty(Hv, **meta),
+            torch.empty(3, Hv, V, K, device="meta"),
+            torch.empty(B, device="meta", dtype=torch.int32),
+            torch.empty(B, 1, Hv, V, **meta), K**-0.5, 20.0)
 
 
 def test_cpu_tensors_enter_no_cuda_device(monkeypatch):

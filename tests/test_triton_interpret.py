@@ -12,6 +12,8 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+from triton_mode import NONFINITE, check_nonfinite_case, needs_interpreter  # noqa: E402
+
 from custom_ops import cuda as cuda_backend  # noqa: E402
 from custom_ops import fused_gdn_decode_reference  # noqa: E402
 from custom_ops import triton_kernel as tk  # noqa: E402
@@ -29,10 +31,7 @@ from custom_ops.testing import (  # noqa: E402
     make_inputs,
     redispatch,
     short,
-    with_value_at,
 )
-
-from triton_mode import NONFINITE, check_nonfinite_case, needs_interpreter  # noqa: E402
 
 OVERLOAD = torch.ops.custom.npu_fused_gdn_decode.default
 

@@ -50,7 +50,14 @@ def check_nonfinite_case(fn, device, state_dtype, place, value):
     out = S q the same sign, so an Inf reaching out stays an Inf in the reference instead of
     turning into NaN by cancellation. Run interpreted (numpy's exp/log/min/max) and compiled."""
     from custom_ops import fused_gdn_decode_reference
-    from custom_ops.testing import Case, assert_close, call, clone_inputs, make_inputs, with_value_at
+    from custom_ops.testing import (
+        Case,
+        assert_close,
+        call,
+        clone_inputs,
+        make_inputs,
+        with_value_at,
+    )
 
     H, K = 1, 136
     x = make_inputs(Case(B=2, H=H, Hv=2, K=K, V=16, state_dtype=state_dtype,
