@@ -169,6 +169,15 @@ class TileConfig:
 
 # Programs per launch on grid axis 0: CUDA's limit.
 GRID_X_MAX = 2**31 - 1
+# ROCm limits threads, not programs: gridDim.x * blockDim.x < 2**32, with 64 lanes per warp.
+HIP_THREADS_MAX = 2**32 - 1
+
+
+def programs_per_launch(num_warps: int) -> int:
+    """The most programs one launch may have on this build's GPUs."""
+    if torch.version.hip is not None:
+        return min(GRID_X_MAX, HIP_THREADS_MAX // (num_warps * 64))
+    return GRID_X_MAX
 
 # Rule: about 4 KiB of state per program (1024 fp32 or 2048 16-bit elements) in one warp, a warp
 # more per 1024 elements of K (only fp32 rows with K > 1024 pass 4 KiB: one row per program).
@@ -210,8 +219,8 @@ def launch_config(mixed_qkv, a, b, a_log, dt_bias, state_ref, ssm_state_indices,
     block_num, Hv, V, K = state_ref.shape
     H = (mixed_qkv.shape[1] - Hv * V) // (2 * K)
     cfg = config or tile_config(K, V, state_ref.dtype)
-    # One axis: B * Hv * (V tiles) programs, at most GRID_X_MAX (fused_gdn_decode_triton
-    # launches at most that many at a time).
+    # One axis: B * Hv * (V tiles) programs (fused_gdn_decode_triton launches at most
+    # programs_per_launch of them at a time).
     v_tiles = triton.cdiv(V, cfg.BV)
     grid = (B * Hv * v_tiles,)
     args = (
@@ -260,10 +269,11 @@ def fused_gdn_decode_triton(
     _, Hv, V, K = state_ref.shape
     if out is None:
         out = torch.empty((B, 1, Hv, V), dtype=mixed_qkv.dtype, device=mixed_qkv.device)
-    # At most GRID_X_MAX programs per launch: more rows go in chunks (views). Hv * (V tiles)
-    # alone stays below it: a pool that large would not fit in any GPU.
-    per_row = Hv * triton.cdiv(V, (config or tile_config(K, V, state_ref.dtype)).BV)
-    rows = max(1, GRID_X_MAX // per_row)
+    # At most programs_per_launch programs per launch: more rows go in chunks (views).
+    # Hv * (V tiles) alone stays below it: a pool that large would not fit in any GPU.
+    cfg = config or tile_config(K, V, state_ref.dtype)
+    per_row = Hv * triton.cdiv(V, cfg.BV)
+    rows = max(1, programs_per_launch(cfg.num_warps) // per_row)
     parts = [(mixed_qkv, a, b, ssm_state_indices, out)] if B <= rows else [
         tuple(t[r:r + rows] for t in (mixed_qkv, a, b, ssm_state_indices, out))
         for r in range(0, B, rows)]

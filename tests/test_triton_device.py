@@ -24,7 +24,7 @@ import torch
 # Imported before the tests below patch a fake current device into torch.cuda: Dynamo's CUDA
 # interface keeps the torch.cuda functions it finds when first imported, and on a GPU host the
 # torch.compile tests later in the session would go on asking the fake for the current device.
-import torch._dynamo.device_interface  # noqa: F401
+import torch._dynamo.device_interface
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from custom_ops.testing import VALUE_PLACES
@@ -54,13 +54,18 @@ class FakeCurrentDevice:
 
 
 class RecordingKernel:
-    """Stands in for the jitted kernel: records the current device at each launch."""
+    """Stands in for the jitted kernel: records the current device and the keyword arguments
+    (constexprs and launch options) of each launch."""
 
     def __init__(self):
         self.launched_on = []
+        self.kwargs = []
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.launched_on.append(torch.cuda.current_device())
+        def launch(*args, **kwargs):
+            self.launched_on.append(torch.cuda.current_device())
+            self.kwargs.append(kwargs)
+        return launch
 
 
 @pytest.mark.parametrize("tensor_device,current", [("cuda:1", 0), ("cuda:0", 1), ("cuda:1", 1)])
@@ -91,32 +96,48 @@ def test_launch_on_the_tensors_device(monkeypatch, tensor_device, current):
     assert runtime.current == current  # restored after the launch
 
 
-@pytest.mark.parametrize("capability,hip,want", [((8, 0), None, False), ((8, 9), None, False),
-                                                 ((9, 0), None, True), ((10, 0), None, True),
-                                                 ((9, 4), "6.2", False)],
-                         ids=["sm80", "sm89", "sm90", "sm100", "rocm-gfx94x"])
+HAS_GDC = hasattr(getattr(getattr(tk.tl, "extra", None), "cuda", None), "gdc_wait")
+
+
+@pytest.mark.parametrize("capability,hip,want", [
+    ((8, 0), None, False), ((8, 9), None, False),
+    pytest.param((9, 0), None, True, marks=pytest.mark.skipif(
+        not HAS_GDC, reason="this triton has no griddepcontrol (3.3 and later have)")),
+    pytest.param((10, 0), None, True, marks=pytest.mark.skipif(
+        not HAS_GDC, reason="this triton has no griddepcontrol (3.3 and later have)")),
+    ((9, 4), "6.2", False),
+], ids=["sm80", "sm89", "sm90", "sm100", "rocm-gfx94x"])
 def test_programmatic_dependent_launch_only_on_nvidia_sm90_and_later(monkeypatch, capability,
                                                                       hip, want):
-    # A double of the device query: griddepcontrol exists from sm_90 on NVIDIA, never on ROCm
-    # (whose MI300 also reports major 9).
+    # Doubles of the device query and of the current device (cuda:0), a recording kernel, the
+    # launcher in compiled mode: griddepcontrol exists from sm_90 on NVIDIA, never on ROCm
+    # (whose MI300 also reports major 9), and the launch must say so in both the constexpr the
+    # kernel branches on and Triton's launch option.
+    runtime = FakeCurrentDevice(0)
+    monkeypatch.setattr(torch.cuda, "device", runtime.device)
+    monkeypatch.setattr(torch.cuda, "current_device", runtime.current_device)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
     monkeypatch.setattr(torch.version, "hip", hip)
+    kernel = RecordingKernel()
+    monkeypatch.setattr(tk, "_jitted", lambda interpret: kernel)
+    monkeypatch.setattr(tk, "_interpret_mode", lambda: False)
     tk.pdl_supported.cache_clear()
     try:
-        assert tk.pdl_supported(0) is want
+        B, H, Hv, K, V = 2, 1, 2, 64, 16
+        with FakeTensorMode():
+            def empty(*shape, dtype=torch.bfloat16):
+                return torch.empty(*shape, dtype=dtype, device="cuda:0")
+
+            tk.fused_gdn_decode_triton(
+                empty(B, 2 * H * K + Hv * V), empty(B, Hv), empty(B, Hv),
+                empty(Hv, dtype=torch.float32), empty(Hv), empty(3, Hv, V, K, dtype=torch.float32),
+                empty(B, dtype=torch.int32), K**-0.5)
     finally:
         tk.pdl_supported.cache_clear()
-    _, _, kwargs = tk.launch_config(*_meta_call_args(), pdl=want)
-    assert kwargs["PDL"] is want and kwargs.get("launch_pdl", False) is want
-
-
-def _meta_call_args(B=2, H=1, Hv=2, K=64, V=16):
-    meta = {"device": "meta", "dtype": torch.bfloat16}
-    return (torch.empty(B, 2 * H * K + Hv * V, **meta), torch.empty(B, Hv, **meta),
-            torch.empty(B, Hv, **meta), torch.empty(Hv, device="meta"), torch.empty(Hv, **meta),
-            torch.empty(3, Hv, V, K, device="meta"),
-            torch.empty(B, device="meta", dtype=torch.int32),
-            torch.empty(B, 1, Hv, V, **meta), K**-0.5, 20.0)
+    assert len(kernel.kwargs) == 1
+    assert kernel.kwargs[0]["PDL"] is want
+    assert kernel.kwargs[0].get("launch_pdl", False) is want
+    assert kernel.kwargs[0]["CVT_RN"] is True  # compiled: the GPU's cvt.rn
 
 
 def test_cpu_tensors_enter_no_cuda_device(monkeypatch):
@@ -168,7 +189,10 @@ def _device_cases():
             H = 4 if ratio < 3 else 2
             cases.append(Case(B=33, H=H, Hv=H * ratio, K=128, V=128, dtype=d, state_dtype=s,
                               pool=80, invalid_rows=(0, 32), seed=ratio))
+    # K = 136: padded rows; V = 12 and 48 at K = 64 / 128: partial V tiles with unpadded rows
+    # (the masked path without padding).
     for K, V, s in [(136, 48, torch.float32), (136, 8, torch.bfloat16), (64, 8, torch.float32),
+                    (64, 48, torch.bfloat16), (128, 12, torch.float32),
                     (2032, 16, torch.float32), (2032, 16, torch.bfloat16),
                     (256, 256, torch.float32)]:
         cases.append(Case(B=5, H=1, Hv=2, K=K, V=V, state_dtype=s, invalid_rows=(2,), seed=K))
@@ -201,6 +225,39 @@ def test_nan_and_inf_like_the_reference_on_cuda(no_tf32, state_dtype, place, val
     # The interpreter's cases (test_triton_interpret.py) on the compiled kernel, whose exp, log,
     # min and max are the GPU's, not numpy's.
     check_nonfinite_case(OP, "cuda", state_dtype, place, value)
+
+
+@cuda_test
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("use_out", [False, True], ids=["default", "out"])
+def test_paged_pool_and_out_on_cuda(no_tf32, state_dtype, use_out):
+    # An engine's pool (slot stride > Hv*V*K, the page's rest holding other data) and the out
+    # overload, compiled: the slot-stride addressing against the reference, and nothing written
+    # outside the slots.
+    from custom_ops import fused_gdn_decode_reference
+    from custom_ops.testing import Case, assert_close, call, make_inputs, paged_pool
+
+    x = make_inputs(Case(B=4, H=2, Hv=4, K=128, V=64, state_dtype=state_dtype,
+                         invalid_rows=(1,), pool=9), device="cuda")
+    ref_state = x["state_ref"].clone()
+    N, Hv, V, K = ref_state.shape
+    view, buf = paged_pool(ref_state, Hv * V * K + 40, 24)
+    outside = torch.ones(buf.numel(), dtype=torch.bool, device=buf.device)
+    for slot in range(N):
+        start = view.storage_offset() + slot * view.stride(0)
+        outside[start:start + Hv * V * K] = False
+    before = buf[outside].clone()
+    for step in range(2):  # the second step reads what the first one wrote in the pool
+        out_ref = call(fused_gdn_decode_reference, dict(x, state_ref=ref_state))
+        if use_out:
+            out = torch.full_like(out_ref, 3.0)
+            got = call(OP.out, dict(x, state_ref=view), out=out)
+            assert got.data_ptr() == out.data_ptr()
+        else:
+            out = call(OP, dict(x, state_ref=view))
+        assert_close(out, out_ref, f"out, step {step}")
+        assert_close(view, ref_state, f"state, step {step}")
+    assert torch.equal(buf[outside], before), "the kernel wrote outside the slots"
 
 
 @cuda_test

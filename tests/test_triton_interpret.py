@@ -122,13 +122,14 @@ def test_grid_limit_splits_batch_rows(monkeypatch):
     assert launches == [(10,)] * 3
 
 
-@pytest.mark.parametrize("K,V,state_dtype", [(2032, 140000, torch.float32),
-                                             (2032, 140000, torch.bfloat16),
-                                             (136, 48, torch.float32),
-                                             (128, 128, torch.float32)])
-def test_grid_within_cuda_limits(K, V, state_dtype):
+@pytest.mark.parametrize("K,V,state_dtype,even", [(2032, 140000, torch.float32, False),
+                                                  (2032, 140000, torch.bfloat16, False),
+                                                  (136, 48, torch.float32, False),
+                                                  (64, 48, torch.bfloat16, False),
+                                                  (128, 128, torch.float32, True)])
+def test_grid_within_cuda_limits(K, V, state_dtype, even):
     # Shapes the op accepts with more than 65535 V tiles (one row per tile at K = 2032) go on the
-    # one grid axis that takes 2**31 - 1 programs; partial tiles turn the masks on. On meta
+    # one grid axis; a padded row (K < BK) or a partial V tile turns the state masks on. On meta
     # tensors: only the launch configuration.
     meta = {"device": "meta", "dtype": torch.bfloat16}
     mixed_qkv, ab = torch.empty(2, 2 * K + V, **meta), torch.empty(2, 1, **meta)
@@ -138,10 +139,19 @@ def test_grid_within_cuda_limits(K, V, state_dtype):
     out = torch.empty(2, 1, 1, V, **meta)
     grid, _, kwargs = tk.launch_config(mixed_qkv, ab, ab, a_log, dt_bias, state, idx, out, 0.125,
                                        20.0)
-    cfg = tk.tile_config(K, V, state_dtype)
-    v_tiles = triton.cdiv(V, cfg.BV)
-    assert grid == (2 * v_tiles,) and grid[0] <= tk.GRID_X_MAX and kwargs["NV"] == v_tiles
-    assert kwargs["EVEN"] == (V % cfg.BV == 0 and K == cfg.BK)
+    v_tiles = triton.cdiv(V, tk.tile_config(K, V, state_dtype).BV)
+    assert grid == (2 * v_tiles,) and kwargs["NV"] == v_tiles
+    assert kwargs["EVEN"] is even
+
+
+def test_programs_per_launch(monkeypatch):
+    # CUDA: 2**31 - 1 programs on axis 0. ROCm limits the threads of a launch to 2**32 - 1, 64
+    # lanes a warp, so fewer programs of more warps.
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert tk.programs_per_launch(1) == tk.programs_per_launch(2) == 2**31 - 1
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert tk.programs_per_launch(1) == (2**32 - 1) // 64
+    assert tk.programs_per_launch(2) == (2**32 - 1) // 128
 
 
 @pytest.mark.parametrize("fn", ["cpu", "triton"])

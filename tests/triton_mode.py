@@ -8,12 +8,12 @@ is no CUDA device, the compiler where there is one, unless ``TRITON_INTERPRET`` 
 on a GPU host the interpreter's tests need a second run with ``TRITON_INTERPRET=1``
 (docs/gpu.md)."""
 
-import os
-
 import pytest
 import torch
 
-INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from custom_ops._env import env_flag
+
+INTERPRETER = env_flag("TRITON_INTERPRET")  # as custom_ops.triton_kernel and Triton read it
 
 needs_interpreter = pytest.mark.skipif(
     not INTERPRETER,
