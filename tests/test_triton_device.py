@@ -160,7 +160,12 @@ def test_cpu_tensors_enter_no_cuda_device(monkeypatch):
 
 # ---- On a CUDA device ---------------------------------------------------------------------------
 
-from triton_mode import NONFINITE, check_nonfinite_case, needs_compiled_cuda  # noqa: E402
+from triton_mode import (  # noqa: E402
+    NONFINITE,
+    check_nonfinite_case,
+    needs_compiled_cuda,
+    needs_interpreter,
+)
 
 
 def cuda_test(fn):
@@ -383,21 +388,29 @@ def test_compiled_equals_eager_on_cuda(mode):
         assert torch.equal(comp["state_ref"], eager["state_ref"]), f"state differs, step {t}"
 
 
-@cuda_test
 @pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="fla not installed")
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=needs_interpreter),
+                                    pytest.param("cuda", marks=needs_compiled_cuda)],
+                         ids=["interpreter", "compiled"])
+@pytest.mark.parametrize("gather", [False, True], ids=["gathered", "pool"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_fla_agrees_with_reference(no_tf32, state_dtype):
-    """So that the benchmark's FLA timing is of the same step."""
+def test_fla_agrees_with_reference(no_tf32, device, gather, state_dtype):
+    """So that the benchmark's FLA timings are of the same step: its output, and with ``gather``
+    the pool's slots after the write-back, against the reference (FLA's Triton kernel runs
+    under the interpreter on CPU tensors)."""
     from benchmarks import gpu
     from custom_ops import fused_gdn_decode_reference
-    from custom_ops.testing import TOLERANCES, call, clone_inputs, make_inputs
+    from custom_ops.testing import TOLERANCES, assert_close, call, clone_inputs, make_inputs
 
-    x = make_inputs(gpu.decode_case(8, 4, 8, 128, 128, state_dtype=state_dtype), device="cuda")
-    fn, note = gpu._fla_call(x, 4, 8, 128, 128)
+    x = make_inputs(gpu.decode_case(8, 4, 8, 128, 128, state_dtype=state_dtype), device=device)
+    ref = clone_inputs(x)
+    fn, note = gpu._fla_call(x, 4, 8, 128, 128, gather=gather)
     if fn is None:
         pytest.skip(note)
     o, _ = fn()
-    ref = call(fused_gdn_decode_reference, clone_inputs(x))
-    err = (o.reshape(ref.shape).float() - ref.float()).abs().max().item()
-    atol, _ = TOLERANCES[ref.dtype]
+    out_ref = call(fused_gdn_decode_reference, ref)
+    err = (o.reshape(out_ref.shape).float() - out_ref.float()).abs().max().item()
+    atol, _ = TOLERANCES[out_ref.dtype]
     assert err <= 4 * atol, f"max |fla - ref| = {err:.3g} ({note})"
+    if gather:  # the slots written back in the pool's dtype, the other slots untouched
+        assert_close(x["state_ref"], ref["state_ref"], f"pool after fla+gather ({note})")
