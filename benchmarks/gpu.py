@@ -164,9 +164,7 @@ def bench_cuda(batch_sizes=(1, 16, 64, 128, 256), shapes=("qwen3-next",),
                 results.append(ours)
                 results.append(row("ours-eager", time_eager(ours_fns), "eager"))
                 fla = None
-                for method, gather in (("fla", False), ("fla+gather", True)):
-                    if not include_fla:
-                        break
+                for method, gather in (("fla", False), ("fla+gather", True)) if include_fla else ():
                     calls = [_fla_call(x, H, Hv, K, V, gather=gather) for x in xs]
                     fns, note = [c[0] for c in calls], calls[0][1]
                     if fns[0] is None:
@@ -175,7 +173,8 @@ def bench_cuda(batch_sizes=(1, 16, 64, 128, 256), shapes=("qwen3-next",),
                     try:
                         r = row(method, time_graph(fns, inner, reps), "graph", note)
                         results.append(r)
-                        fla = r if not gather else fla
+                        if not gather:
+                            fla = r
                     except Exception as e:  # report, keep benchmarking
                         results.append(row(method, float("nan"), "-",
                                            f"{note}; failed: {type(e).__name__}: {e}"))

@@ -179,6 +179,7 @@ def programs_per_launch(num_warps: int) -> int:
         return min(GRID_X_MAX, HIP_THREADS_MAX // (num_warps * 64))
     return GRID_X_MAX
 
+
 # Rule: about 4 KiB of state per program (1024 fp32 or 2048 16-bit elements) in one warp, a warp
 # more per 1024 elements of K (only fp32 rows with K > 1024 pass 4 KiB: one row per program).
 # On an H200 at K = V = 128 these tiles (BV 8 fp32, 16 bf16) were the fastest of the sweep at
@@ -197,14 +198,15 @@ def tile_config(K: int, V: int, state_dtype: torch.dtype) -> TileConfig:
     return TileConfig(BK=bk, BV=bv, num_warps=warps)
 
 
+# Whether this triton has griddepcontrol (3.3 and later).
+HAS_GDC = hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait")
+
+
 @functools.lru_cache(maxsize=None)
 def pdl_supported(device_index: int) -> bool:
     """Whether launches on this CUDA device may be programmatic dependent launches: NVIDIA
-    sm_90 or later (griddepcontrol), with a triton that has the instructions (3.3 and later)."""
-    if torch.version.hip is not None:
-        return False
-    cuda = getattr(getattr(tl, "extra", None), "cuda", None)
-    if cuda is None or not hasattr(cuda, "gdc_wait"):
+    sm_90 or later, with a triton that has the instructions (HAS_GDC)."""
+    if torch.version.hip is not None or not HAS_GDC:
         return False
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
@@ -287,7 +289,7 @@ def fused_gdn_decode_triton(
     with torch.cuda.device(device) if on_cuda else contextlib.nullcontext():
         for x, a_, b_, idx, o in parts:
             grid, args, kwargs = launch_config(x, a_, b_, a_log, dt_bias, state_ref, idx, o,
-                                               scale, softplus_threshold, config,
+                                               scale, softplus_threshold, cfg,
                                                interpret=interpret, pdl=pdl)
             kernel[grid](*args, **kwargs)
     return out

@@ -96,15 +96,12 @@ def test_launch_on_the_tensors_device(monkeypatch, tensor_device, current):
     assert runtime.current == current  # restored after the launch
 
 
-HAS_GDC = hasattr(getattr(getattr(tk.tl, "extra", None), "cuda", None), "gdc_wait")
-
-
 @pytest.mark.parametrize("capability,hip,want", [
     ((8, 0), None, False), ((8, 9), None, False),
     pytest.param((9, 0), None, True, marks=pytest.mark.skipif(
-        not HAS_GDC, reason="this triton has no griddepcontrol (3.3 and later have)")),
+        not tk.HAS_GDC, reason="this triton has no griddepcontrol (3.3 and later have)")),
     pytest.param((10, 0), None, True, marks=pytest.mark.skipif(
-        not HAS_GDC, reason="this triton has no griddepcontrol (3.3 and later have)")),
+        not tk.HAS_GDC, reason="this triton has no griddepcontrol (3.3 and later have)")),
     ((9, 4), "6.2", False),
 ], ids=["sm80", "sm89", "sm90", "sm100", "rocm-gfx94x"])
 def test_programmatic_dependent_launch_only_on_nvidia_sm90_and_later(monkeypatch, capability,
