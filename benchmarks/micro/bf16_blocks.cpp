@@ -1,4 +1,4 @@
-// The AVX-512 bf16 state row's block work alone, in four layouts, in L1: what the row kernel's
+// The AVX-512 bf16 state row's block work alone, in several layouts, in L1: what the row kernel's
 // vector work costs without its per-group tails (sums, deltas, outputs), prefetches and calls.
 // Per block of 16 elements of four rows: pass two of group n (the update, the output's FMA, the
 // narrowing and store) and pass one of group n + 2 (the widening and the dot product's FMA),
@@ -10,17 +10,27 @@
 //   C  units         the 32-element unit order (branch bf16-units): one 64-byte load widened by a
 //                    shift and an and, no ring, narrowed without a shuffle
 //   D  units + ring  C with the ring
+//   E  registers     no ring: groups of two (or one) rows, pass one one group ahead, the decayed
+//                    blocks of a group kept in registers until pass two; the deltas from the lane
+//                    sums of u, so pass two waits for pass one's reduction (A to D have no tails)
+//   F  registers, lead 2  one row at a time, pass one two rows ahead, the decayed blocks of the two
+//                    rows in flight in registers (16 of 32); a tail per row as E's
+//   G  A, rounded without a shift: (bits + 0x8000) with bit 16 cleared at a tie, by two ternary
+//                    logic operations and two adds instead of a shift, an and and two adds
+// GCC 12 keeps part of E's and F's "registers" on the stack (objdump): what they show is what the
+// kernel's compiler would make of them.
 // Prints ns and cycles per row of 128 (the clock from a chain of dependent adds). The values are
 // not the kernel's (no finite test, no NaN handling); only the instruction mix is. Needs AVX-512
 // F/BW/VL/DQ:
 //
-//   g++ -O2 -std=c++17 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -ffp-contract=off -o /tmp/bf16_blocks benchmarks/micro/bf16_blocks.cpp && /tmp/bf16_blocks
+//   g++ -O2 -std=c++20 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -ffp-contract=off -o /tmp/bf16_blocks benchmarks/micro/bf16_blocks.cpp && /tmp/bf16_blocks
 #include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <utility>
 
 #include "../../csrc/core_clock.h"
 
@@ -46,6 +56,33 @@ __m512i round_high(__m512 a) {
   return _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), odd);
 }
 
+// The same rounding without a shift: bits + 0x8000 carries into the high half from 0x8000 up;
+// at a tie (low half 0x8000) bit 16 of the sum is cleared, which undoes the carry from an even
+// value and leaves that from an odd one.
+__m512i round_high_noshift(__m512 a) {
+  const __m512i b = _mm512_castps_si512(a);
+  // (b & 0xffff) ^ 0x8000 is 0 exactly at a tie; + 0xffff sets bit 16 everywhere else
+  const __m512i y = _mm512_ternarylogic_epi32(b, _mm512_set1_epi32(0xffff),
+                                              _mm512_set1_epi32(0x8000), 0x6a);
+  const __m512i z = _mm512_add_epi32(y, _mm512_set1_epi32(0xffff));
+  const __m512i s = _mm512_add_epi32(b, _mm512_set1_epi32(0x8000));
+  return _mm512_ternarylogic_epi32(s, z, _mm512_set1_epi32(0xfffeffff), 0xe0);  // s & (z | c)
+}
+
+// Whether round_high_noshift's high halves equal round_high's for every 32-bit pattern.
+bool same_rounding() {
+  const __m512i high = _mm512_set1_epi32(0xffff0000), step = _mm512_set1_epi32(16);
+  __m512i b = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (uint64_t i = 0; i < (uint64_t{1} << 32); i += 16, b = _mm512_add_epi32(b, step)) {
+    const __m512 a = _mm512_castsi512_ps(b);
+    const __m512i d = _mm512_and_si512(_mm512_xor_si512(round_high(a), round_high_noshift(a)), high);
+    if (_mm512_test_epi32_mask(d, d) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
 __m512 widen_pairs(const uint16_t* p) {
   const __m512i order = _mm512_set_epi32(15 << 16, 13 << 16, 11 << 16, 9 << 16, 7 << 16,
                                          5 << 16, 3 << 16, 1 << 16, 14 << 16, 12 << 16, 10 << 16,
@@ -54,16 +91,118 @@ __m512 widen_pairs(const uint16_t* p) {
       0xaaaaaaaau, order, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)p))));
 }
 
+template <bool kNoShift = false>
 __m512i narrow_pair(__m512 a, __m512 b) {
   const __m512i order = _mm512_set_epi32(
       (63 << 16) | 47, (61 << 16) | 45, (59 << 16) | 43, (57 << 16) | 41, (55 << 16) | 39,
       (53 << 16) | 37, (51 << 16) | 35, (49 << 16) | 33, (31 << 16) | 15, (29 << 16) | 13,
       (27 << 16) | 11, (25 << 16) | 9, (23 << 16) | 7, (21 << 16) | 5, (19 << 16) | 3,
       (17 << 16) | 1);
+  if constexpr (kNoShift) {
+    return _mm512_permutex2var_epi16(round_high_noshift(a), order, round_high_noshift(b));
+  }
   return _mm512_permutex2var_epi16(round_high(a), order, round_high(b));
 }
 
-template <int kLayout>  // 0 A, 1 B, 2 C, 3 D
+// E: groups of kRows rows, pass one one group ahead, the decayed blocks kept in registers from
+// pass one to pass two; k and q read from memory by the FMAs. The deltas come from the lane sums
+// of u (as the kernel's tails), so pass two waits for pass one's reduction.
+template <int R2>
+__attribute__((noinline)) void run_regs(long groups, float* sink) {
+  constexpr int NB = K / 16;
+  const __m512 decay = _mm512_set1_ps(0.9f);
+  __m512 delta[R2];
+  for (int r = 0; r < R2; ++r) {
+    delta[r] = _mm512_set1_ps(0.01f * (r + 1));
+  }
+  __m512 total = _mm512_setzero_ps();
+  __m512 d[R2][NB];
+#pragma GCC unroll 8
+  for (int b = 0; b < NB; ++b) {
+#pragma GCC unroll 2
+    for (int r = 0; r < R2; ++r) {
+      d[r][b] = _mm512_mul_ps(widen_pairs(&state[0][r][b * 16]), decay);
+    }
+  }
+  for (long n = 0; n < groups; ++n) {
+    const int cur = n % 3, ahead = (n + 1) % 3;
+    __m512 u[R2], acc[R2], held[R2];
+    for (int r = 0; r < R2; ++r) {
+      u[r] = _mm512_setzero_ps();
+      acc[r] = _mm512_setzero_ps();
+    }
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) {
+      const int t = b * 16;
+#pragma GCC unroll 2
+      for (int r = 0; r < R2; ++r) {
+        __m512 x = _mm512_fmadd_ps(delta[r], _mm512_load_ps(kk + t), d[r][b]);
+        acc[r] = _mm512_fmadd_ps(x, _mm512_load_ps(qq + t), acc[r]);
+        if (b % 2 == 1) {
+          _mm512_storeu_si512(&state[cur][r][t - 16], narrow_pair(held[r], x));
+        } else {
+          held[r] = x;
+        }
+        d[r][b] = _mm512_mul_ps(widen_pairs(&state[ahead][r][t]), decay);
+        u[r] = _mm512_fmadd_ps(d[r][b], _mm512_load_ps(kk + t), u[r]);
+      }
+    }
+    for (int r = 0; r < R2; ++r) {
+      delta[r] = _mm512_set1_ps(0.5f * (1.f - _mm512_reduce_add_ps(u[r])));
+      total = _mm512_add_ps(total, acc[r]);
+    }
+  }
+  _mm512_storeu_ps(sink, total);
+}
+
+// F: one row at a time, pass one two rows ahead; the decayed blocks of the two rows in flight
+// kept in registers (16), k and q from memory. Deltas from the lane sums of u.
+template <int N, typename F>
+__attribute__((always_inline)) inline void unrolled(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) __attribute__((always_inline)) {
+    (f(std::integral_constant<int, I>{}), ...);
+  }(std::make_integer_sequence<int, N>{});
+}
+
+__attribute__((always_inline)) inline void row_step(__m512 (&d)[K / 16], __m512& delta,
+                                                    uint16_t* cur, const uint16_t* ahead,
+                                                    __m512 decay, __m512& total) {
+  __m512 u = _mm512_setzero_ps(), acc = _mm512_setzero_ps(), held;
+  unrolled<K / 16>([&](auto bc) __attribute__((always_inline)) {
+    constexpr int b = bc, t = b * 16;
+    __m512 x = _mm512_fmadd_ps(delta, _mm512_load_ps(kk + t), d[b]);
+    acc = _mm512_fmadd_ps(x, _mm512_load_ps(qq + t), acc);
+    if constexpr (b % 2 == 1) {
+      _mm512_storeu_si512(cur + t - 16, narrow_pair(held, x));
+    } else {
+      held = x;
+    }
+    d[b] = _mm512_mul_ps(widen_pairs(ahead + t), decay);
+    u = _mm512_fmadd_ps(d[b], _mm512_load_ps(kk + t), u);
+  });
+  delta = _mm512_set1_ps(0.5f * (1.f - _mm512_reduce_add_ps(u)));
+  total = _mm512_add_ps(total, acc);
+}
+
+__attribute__((noinline)) void run_regs_lead2(long groups, float* sink) {
+  const __m512 decay = _mm512_set1_ps(0.9f);
+  __m512 da[K / 16], db[K / 16];
+  __m512 delta_a = _mm512_set1_ps(0.01f), delta_b = _mm512_set1_ps(0.02f);
+  for (int b = 0; b < K / 16; ++b) {
+    da[b] = _mm512_mul_ps(widen_pairs(&state[0][0][b * 16]), decay);
+    db[b] = _mm512_mul_ps(widen_pairs(&state[0][1][b * 16]), decay);
+  }
+  __m512 total = _mm512_setzero_ps();
+  uint16_t* rows = &state[0][0][0];  // 12 rows of K, used as a ring
+  for (long n = 0; n < groups; n += 2) {
+    const int i = n % 12;
+    row_step(da, delta_a, rows + i * K, rows + ((i + 2) % 12) * K, decay, total);
+    row_step(db, delta_b, rows + (i + 1) * K, rows + ((i + 3) % 12) * K, decay, total);
+  }
+  _mm512_storeu_ps(sink, total);
+}
+
+template <int kLayout>  // 0 A, 1 B, 2 C, 3 D, 4 A without the shift
 __attribute__((noinline)) void run(long groups, float* sink) {
   const __m512 decay = _mm512_set1_ps(0.9f);
   __m512 delta[R];
@@ -78,24 +217,24 @@ __attribute__((noinline)) void run(long groups, float* sink) {
       u[r] = _mm512_setzero_ps();
       acc[r] = _mm512_setzero_ps();
     }
-    if constexpr (kLayout <= 1) {
+    if constexpr (kLayout <= 1 || kLayout == 4) {
       __m512 held[R];
 #pragma GCC unroll 8
       for (int t = 0; t < K; t += 16) {
         const __m512 kb = _mm512_load_ps(kk + t), qb = _mm512_load_ps(qq + t);
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
-          __m512 x = kLayout == 0 ? _mm512_load_ps(&ring[cur][r][t])
+          __m512 x = kLayout != 1 ? _mm512_load_ps(&ring[cur][r][t])
                                   : _mm512_mul_ps(widen_pairs(&state[cur][r][t]), decay);
           x = _mm512_fmadd_ps(delta[r], kb, x);
           acc[r] = _mm512_fmadd_ps(x, qb, acc[r]);
           if ((t / 16) % 2 == 1) {
-            _mm512_storeu_si512(&state[cur][r][t - 16], narrow_pair(held[r], x));
+            _mm512_storeu_si512(&state[cur][r][t - 16], narrow_pair<kLayout == 4>(held[r], x));
           } else {
             held[r] = x;
           }
           const __m512 y = _mm512_mul_ps(widen_pairs(&state[ahead][r][t]), decay);
-          if (kLayout == 0) {
+          if (kLayout != 1) {
             _mm512_store_ps(&ring[ahead][r][t], y);
           }
           u[r] = _mm512_fmadd_ps(y, kb, u[r]);
@@ -148,24 +287,27 @@ __attribute__((noinline)) void run(long groups, float* sink) {
 } // namespace
 
 int main() {
+  std::printf("G's rounding equals A's for all 2^32 bit patterns: %s\n",
+              same_rounding() ? "yes" : "NO");
   for (int i = 0; i < K; ++i) {
     kk[i] = 0.01f * i;
     qq[i] = 0.02f;
   }
   std::fill(&state[0][0][0], &state[0][0][0] + 3 * R * K, uint16_t{0x3f80});  // bf16 1.0
   const char* names[] = {"A ring + pairs (kernel)", "B rewiden + pairs", "C units, no ring",
-                         "D units + ring"};
-  void (*layouts[])(long, float*) = {run<0>, run<1>, run<2>, run<3>};
+                         "D units + ring", "E registers, 2 rows", "E registers, 1 row", "F registers, 1 row, lead 2", "G A, rounding without shift"};
+  void (*layouts[])(long, float*) = {run<0>, run<1>, run<2>, run<3>, run_regs<2>, run_regs<1>, run_regs_lead2, run<4>};
+  const int rows[] = {R, R, R, R, 2, 1, 1, R};
   float sink[16];
   const long groups = 200000;
   for (int round = 0; round < 3; ++round) {
-    for (int m = 0; m < 4; ++m) {
+    for (int m = 0; m < 8; ++m) {
       const double before = cycle_ns();
       double best = 1e9;
       for (int k = 0; k < 7; ++k) {
         const double t = now();
         layouts[m](groups, sink);
-        best = std::min(best, (now() - t) / groups / R * 1e9);
+        best = std::min(best, (now() - t) / groups / rows[m] * 1e9);
       }
       const double c = (before + cycle_ns()) / 2;
       std::printf("%-24s %6.2f ns/row  %5.1f cycles/row  (%.2f GHz)\n", names[m], best, best / c,
