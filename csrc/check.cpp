@@ -94,8 +94,10 @@ void check_dense(const at::Tensor& t, const char* name) {
                    layout_name(t.layout()));
 }
 
+// Whether t has addresses: not a meta tensor, and not a FakeTensor (a CPU or CUDA tensor whose
+// storage holds no data), as the Python backends' checks see them under torch.compile.
 bool has_data(const at::Tensor& t) {
-  return t.has_storage() && !t.is_meta();
+  return t.has_storage() && !t.is_meta() && t.storage().data() != nullptr;
 }
 
 // The bytes from a tensor's first element to the end of its last (sizes > 0, strides >= 0): from

@@ -68,12 +68,23 @@ def _register_out_functionalization():
     (``-> Tensor(b!)``). Under FunctionalTensorMode the out overload becomes the default overload
     (functionalized like any mutating op) plus ``out.copy_``; eager calls keep writing into out
     directly."""
-    from torch._subclasses.functional_tensor import FunctionalTensorMode
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    def unwrapped(t):
+        # The tensor under a FunctionalTensor: the wrappers share no storage the check can read,
+        # so on them every pair would look like one allocation.
+        return torch._from_functional_tensor(t.elem) if isinstance(t, FunctionalTensor) else t
 
     @torch.library.register_torch_dispatch(f"custom::{OP_NAME}.out", FunctionalTensorMode)
     def _out_functional(mode, func, types, args, kwargs):
         kwargs = dict(kwargs)
         out = kwargs.pop("out")
+        # out's own rules (dtype, shape, strides, no shared memory), which the default overload
+        # does not check, before anything is written
+        torch.ops.custom_ops_internal.check_inputs_out(
+            *OpArgs(*map(unwrapped, args),
+                    kwargs.get("softplus_threshold", DEFAULT_SOFTPLUS_THRESHOLD)),
+            unwrapped(out))
         with mode:
             out.copy_(torch.ops.custom.npu_fused_gdn_decode.default(*args, **kwargs))
         return out

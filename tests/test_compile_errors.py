@@ -128,3 +128,63 @@ def test_cpu_slot_check_keeps_its_type_when_compiled(backend):
     with pytest.raises(ValueError, match="ssm_state_indices"):
         compiled(backend)(*args)
     assert torch.equal(args[5], before)
+
+
+def _bad_out(kind, x):
+    B, Hv, V = 3, 4, 16
+    if kind == "dtype":
+        return torch.zeros(B, 1, Hv, V)
+    if kind == "shape":
+        return torch.zeros(B, 2, Hv, V, dtype=torch.bfloat16)
+    if kind == "strides":
+        return torch.zeros(B, 1, V, Hv, dtype=torch.bfloat16).transpose(2, 3)
+    # a view of an input's storage: the first B * Hv * V elements
+    return x[kind].view(-1)[:B * Hv * V].view(B, 1, Hv, V)
+
+
+OUT_ERRORS = {
+    "dtype": (TypeError, r"out must have dtype torch.bfloat16 \(the dtype of mixed_qkv\), "
+              r"but got torch.float32"),
+    "shape": (ValueError, r"out must have shape \(B, 1, Hv, V\) = \[3, 1, 4, 16\], "
+              r"but got \[3, 2, 4, 16\]"),
+    "strides": (ValueError, r"out must be contiguous, but got strides"),
+    "mixed_qkv": (ValueError, r"out must not share memory with mixed_qkv, but"),
+    "state_ref": (ValueError, r"out must not share memory with state_ref, but"),
+}
+
+
+def _out_step(*args):
+    return OP.out(*args[:-1], 0.125, out=args[-1])
+
+
+@pytest.mark.parametrize("kind", sorted(OUT_ERRORS))
+def test_out_overload_traced_without_dynamo_checks_out(kind):
+    # aot_function traces the out overload through its functionalization (composite.py), which
+    # runs the default overload; out's own rules must still refuse before anything is written,
+    # with eager's exception and message.
+    from functorch.compile import aot_function, nop
+
+    exc_type, pattern = OUT_ERRORS[kind]
+    x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16, state_dtype=torch.bfloat16))
+    args = [x[k] for k in ARG_NAMES] + [_bad_out(kind, x)]
+    before = [t.clone() for t in args]
+    with pytest.raises(exc_type, match=pattern):
+        _out_step(*args)
+    with torch.no_grad(), pytest.raises(exc_type, match=pattern):
+        aot_function(_out_step, fw_compiler=nop)(*args)
+    for t, b in zip(args, before):
+        assert torch.equal(t, b)
+
+
+def test_out_overload_traced_without_dynamo_writes_out():
+    from functorch.compile import aot_function, nop
+
+    x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16, state_dtype=torch.bfloat16))
+    eager = [x[k].clone() for k in ARG_NAMES] + [torch.empty(3, 1, 4, 16, dtype=torch.bfloat16)]
+    traced = [x[k].clone() for k in ARG_NAMES] + [torch.empty(3, 1, 4, 16, dtype=torch.bfloat16)]
+    _out_step(*eager)
+    with torch.no_grad():
+        aot_function(_out_step, fw_compiler=nop)(*traced)
+    assert torch.equal(traced[-1], eager[-1])  # out
+    assert torch.equal(traced[5], eager[5])  # state_ref
+    assert not torch.equal(traced[5], x["state_ref"])
