@@ -3,7 +3,7 @@
 (``custom_ops.composite``) when triton is not installed or its kernel module fails to import.
 
 Slot indices (range and uniqueness) need their values on the host, i.e. a device sync. The Triton
-path checks them only when ``CUSTOM_OPS_CHECK_INDICES=1`` is set or after
+path checks them only while ``CUSTOM_OPS_CHECK_INDICES=1`` is set (read on every call) or after
 ``set_check_indices(True)`` (never during CUDA-graph capture), as the NPU path leaves them to the
 caller; the kernel never touches a slot outside [1, BlockNum) either way.
 """
@@ -22,21 +22,27 @@ log = logging.getLogger(__name__)
 
 PROFILER_EVENT = "custom_ops::npu_fused_gdn_decode_triton"
 
-_check_indices = env_flag("CUSTOM_OPS_CHECK_INDICES")
+# None: follow CUSTOM_OPS_CHECK_INDICES, read on every call (as the NPU path reads its switch);
+# True/False: set_check_indices's override.
+_check_indices = None
 
 
-def set_check_indices(enabled: bool) -> bool:
-    """Turn the host-side slot-index check of the Triton path on or off; returns the old value.
+def set_check_indices(enabled: bool | None) -> bool | None:
+    """Turn the host-side slot-index check of the Triton path on (True) or off (False), whatever
+    the environment says, or back to following ``CUSTOM_OPS_CHECK_INDICES`` (None, the default);
+    returns the previous setting.
 
     Off by default: it copies ``ssm_state_indices`` to the host (a device sync) on every call.
-    ``CUSTOM_OPS_CHECK_INDICES=1`` turns it on at import.
     """
     global _check_indices
-    old, _check_indices = _check_indices, bool(enabled)
+    old, _check_indices = _check_indices, None if enabled is None else bool(enabled)
     return old
 
 
 def check_indices_enabled() -> bool:
+    """Whether the next call checks its slot indices (outside CUDA-graph capture)."""
+    if _check_indices is None:
+        return env_flag("CUSTOM_OPS_CHECK_INDICES")
     return _check_indices
 
 
@@ -72,7 +78,7 @@ def fused_gdn_decode_cuda(*args, softplus_threshold=DEFAULT_SOFTPLUS_THRESHOLD):
     args = OpArgs(*args, softplus_threshold)
     with profiler_scope(PROFILER_EVENT):
         torch.ops.custom_ops_internal.check_inputs(*args)
-        if _check_indices and not _capturing(args.ssm_state_indices):
+        if check_indices_enabled() and not _capturing(args.ssm_state_indices):
             check_slots(args)
         return args.call(launch)
 
@@ -86,7 +92,7 @@ def fused_gdn_decode_out_cuda(*args, softplus_threshold=DEFAULT_SOFTPLUS_THRESHO
     args = OpArgs(*args, softplus_threshold)
     with profiler_scope(PROFILER_EVENT):
         torch.ops.custom_ops_internal.check_inputs_out(*args, out)
-        if _check_indices and not _capturing(args.ssm_state_indices):
+        if check_indices_enabled() and not _capturing(args.ssm_state_indices):
             check_slots(args)
         args.call(launch, out=out)
         return out

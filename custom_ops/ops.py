@@ -48,7 +48,8 @@ def fused_gdn_decode(
         a, b: [B, Hv], mixed_qkv's dtype (may be column slices of one projection).
         a_log: [Hv] float32.
         dt_bias: [Hv], mixed_qkv's dtype.
-        state_ref: [BlockNum, Hv, V, K], float32 or mixed_qkv's dtype, contiguous; rows
+        state_ref: [BlockNum, Hv, V, K], float32 or mixed_qkv's dtype; each slot contiguous,
+            slots any stride >= Hv*V*K apart (a paged pool; contiguous on NPU); rows
             ``state_ref[ssm_state_indices[i]]`` are updated in place.
         ssm_state_indices: [B] int32 slot per batch row; a value <= 0 marks an invalid row
             (zero output, no state access). Positive slots must be distinct and < BlockNum.
@@ -60,7 +61,8 @@ def fused_gdn_decode(
 
     Raises:
         TypeError: None for a tensor, a sparse/mkldnn tensor, or a dtype outside the table.
-        ValueError: a bad shape, size, device, stride, alignment or index, naming the argument.
+        ValueError: a bad shape, size, device, stride, alignment or index, or a scale or
+            softplus_threshold that is not a finite float32, naming the argument.
         RuntimeError: autograd misuse, as for a native in-place op (docs/bad_input.md): the op is
             not differentiable; call it under torch.no_grad() or torch.inference_mode().
 

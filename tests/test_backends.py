@@ -136,12 +136,21 @@ def test_every_call_is_checked():
     assert torch.equal(storage_bytes(x["state_ref"]), before), "a rejected call changed state"
 
 
-def test_check_indices_switch():
-    old = cuda_backend.set_check_indices(True)
+def test_check_indices_switch(monkeypatch):
+    # By default the environment decides, read on every call (set after import too); the
+    # setter overrides it either way, and None hands it back.
+    old = cuda_backend.set_check_indices(None)
     try:
+        monkeypatch.setenv("CUSTOM_OPS_CHECK_INDICES", "1")
         assert cuda_backend.check_indices_enabled()
+        monkeypatch.setenv("CUSTOM_OPS_CHECK_INDICES", "0")
+        assert not cuda_backend.check_indices_enabled()
+        assert cuda_backend.set_check_indices(True) is None
+        assert cuda_backend.check_indices_enabled()
+        monkeypatch.setenv("CUSTOM_OPS_CHECK_INDICES", "1")
         assert cuda_backend.set_check_indices(False) is True
         assert not cuda_backend.check_indices_enabled()
+        assert cuda_backend.set_check_indices(None) is False
+        assert cuda_backend.check_indices_enabled()
     finally:
         cuda_backend.set_check_indices(old)
-    assert cuda_backend.check_indices_enabled() == old

@@ -143,10 +143,10 @@ def _bad_out(kind, x):
 
 
 OUT_ERRORS = {
-    "dtype": (TypeError, r"out must have dtype torch.bfloat16 \(the dtype of mixed_qkv\), "
-              r"but got torch.float32"),
-    "shape": (ValueError, r"out must have shape \(B, 1, Hv, V\) = \[3, 1, 4, 16\], "
-              r"but got \[3, 2, 4, 16\]"),
+    "dtype": (TypeError, (r"out must have dtype torch.bfloat16 \(the dtype of mixed_qkv\), "
+                          r"but got torch.float32")),
+    "shape": (ValueError, (r"out must have shape \(B, 1, Hv, V\) = \[3, 1, 4, 16\], "
+                           r"but got \[3, 2, 4, 16\]")),
     "strides": (ValueError, r"out must be contiguous, but got strides"),
     "mixed_qkv": (ValueError, r"out must not share memory with mixed_qkv, but"),
     "state_ref": (ValueError, r"out must not share memory with state_ref, but"),

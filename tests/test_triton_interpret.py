@@ -197,6 +197,27 @@ def test_index_values_unchecked_by_default():
     assert torch.equal(y["state_ref"][keep], before[keep])
 
 
+def test_index_check_follows_the_environment_on_every_call(monkeypatch):
+    # CUSTOM_OPS_CHECK_INDICES set after import turns the check on for the next call, as
+    # CUSTOM_OPS_NPU_CHECK_INDICES does on NPU; the refused call leaves the pool as it was.
+    x = make_inputs(Case(B=3, H=1, Hv=2, K=64, V=8))
+    pool = x["state_ref"].shape[0]
+    y = dict(x, ssm_state_indices=torch.tensor([1, pool, 2], dtype=torch.int32))
+    before = y["state_ref"].clone()
+    old = cuda_backend.set_check_indices(None)
+    try:
+        monkeypatch.setenv("CUSTOM_OPS_CHECK_INDICES", "1")
+        with pytest.raises(ValueError, match=rf"ssm_state_indices\[1\] = {pool} is out of range"):
+            call(cuda_entry, y)
+        assert torch.equal(y["state_ref"], before)
+        monkeypatch.setenv("CUSTOM_OPS_CHECK_INDICES", "0")
+        out = call(cuda_entry, y)
+    finally:
+        cuda_backend.set_check_indices(old)
+    assert torch.count_nonzero(out[1]) == 0
+    assert not torch.equal(y["state_ref"], before)
+
+
 @pytest.mark.parametrize("K,V,dtype", [(128, 128, torch.float32), (128, 128, torch.bfloat16),
                                        (2032, 128, torch.float32), (136, 48, torch.float16),
                                        (64, 8, torch.float32)])
