@@ -392,18 +392,36 @@ class Fp8WeightLinear(torch.nn.Module):
         return x @ (self.weight.float() * self.scale).to(x.dtype).t()
 
 
+class PackedWeightLinear(torch.nn.Module):
+    """A stand-in for a GPTQ/AWQ-style projection: int8 codes in `qweight` with a per-row scale,
+    and no `weight` attribute at all."""
+
+    def __init__(self, linear):
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+        self.register_buffer("qweight", torch.round(w / scale).to(torch.int8))
+        self.register_buffer("scales", scale)
+
+    def forward(self, x):
+        return x @ (self.qweight.float() * self.scales).to(x.dtype).t()
+
+
 @needs_tested
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
-def test_weight_quantized_projections(family):
-    """FP8 checkpoints quantize the GDN layers' big projections (Qwen's own: in_proj_qkv(z),
-    in_proj_z, out_proj) and keep dt_bias, A_log, conv1d and in_proj_a/b in bf16: the patch takes
-    the activations' dtype from dt_bias, and the op matches the reference on such a model."""
+@pytest.mark.parametrize("quantized", [Fp8WeightLinear, PackedWeightLinear],
+                         ids=["fp8", "packed"])
+def test_weight_quantized_projections(family, quantized):
+    """FP8 and GPTQ/AWQ-style checkpoints quantize the GDN layers' big projections (Qwen's own:
+    in_proj_qkv(z), in_proj_z, out_proj) and keep dt_bias, A_log, conv1d and in_proj_a/b in bf16:
+    the patch takes the activations' dtype from dt_bias, and the op matches the reference on
+    such a model."""
     model = make_model(family, torch.bfloat16)
     for i in gdn_layer_indices(model):
         layer = model.model.layers[i].linear_attn
         for name in ("in_proj_qkvz", "in_proj_qkv", "in_proj_z", "out_proj"):
             if hasattr(layer, name):
-                setattr(layer, name, Fp8WeightLinear(getattr(layer, name)))
+                setattr(layer, name, quantized(getattr(layer, name)))
     prompt = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(4))
     runs = {}
     for name, kernel in [("op", None), ("reference", custom_ops.fused_gdn_decode_reference)]:

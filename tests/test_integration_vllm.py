@@ -139,6 +139,27 @@ def test_speculative_decode_stays_vllm(vllm_python):
     assert on["token_ids"] == off["token_ids"]
 
 
+def test_one_token_prefill_beside_decode_rows(vllm_python):
+    # The second prompt is one token, prefilled while the first decodes: a mixed batch whose
+    # prefill rows are one row. Qwen3.5's mixed_qkv is a column split of its fused projection;
+    # vLLM's prefill kernels need its rows packed, which .contiguous() does not make of one row.
+    r = drive(vllm_python, "run", "--family", "qwen3_5", "--lengths", "40,1", "--max-tokens", "4",
+              "--max-num-batched-tokens", "40")
+    assert [2, 2] in [s[:2] for s in r["steps"]], r["steps"]  # one decode row, one prefill row
+    assert r["mixed_calls"] > 0 and r["mixed_decode_rows"] >= r["mixed_calls"], r
+    assert r["tokens"] == r["expected_tokens"]
+    assert r["decode_calls"] > 0 and r["checked_calls"] == r["decode_calls"], r
+
+
+def test_float16_model_gets_vllms_own_error(vllm_python):
+    # vLLM's CPU path takes bf16 models only; with the plugin the layer is left to vLLM, which
+    # says so, rather than reaching a prefill kernel that fails less clearly.
+    for plugin in (True, False):
+        r = drive(vllm_python, "run", "--dtype", "float16", "--report-error", "--lengths", "5,40",
+                  "--max-tokens", "4", plugin=plugin, check=False)
+        assert r.get("error", "").startswith("AssertionError: CPU GDN attention requires BF16."), r
+
+
 def test_plugin_inert_when_off(vllm_python):
     r = drive(vllm_python, "run", "--lengths", "5,40", "--max-tokens", "4", plugin=False)
     assert not r["oot_registered"]

@@ -187,7 +187,7 @@ def run(args):
                    value_heads=args.value_heads, key_heads=args.key_heads,
                    linear_head_dim=args.linear_head_dim, hidden=args.hidden)
         try:
-            llm = LLM(model=d, skip_tokenizer_init=True, dtype="bfloat16",
+            llm = LLM(model=d, skip_tokenizer_init=True, dtype=args.dtype,
                       max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                       max_num_batched_tokens=args.max_num_batched_tokens,
                       enable_chunked_prefill=True, enable_prefix_caching=args.prefix_caching,
@@ -221,7 +221,13 @@ def run(args):
                          use_tqdm=False)
         steps.clear()
         t0 = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
+        try:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+        except Exception as e:  # noqa: BLE001  (reported for the tests to read)
+            if not args.report_error:
+                raise
+            print("RESULT " + json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+            return
         dt = time.perf_counter() - t0
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         token_ids = [list(o.outputs[0].token_ids) for o in outs]
@@ -447,6 +453,8 @@ def main():
     r = sub.add_parser("run")
     r.add_argument("--family", default="qwen3_next", choices=["qwen3_next", "qwen3_5"])
     r.add_argument("--state-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    r.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
+                   help="the model's (activations') dtype")
     r.add_argument("--lengths", default="5,40,70,12,90,3")
     r.add_argument("--max-tokens", type=int, default=12)
     r.add_argument("--max-num-seqs", type=int, default=3)
@@ -472,7 +480,8 @@ def main():
     r.add_argument("--kv-transfer", action="store_true",
                    help="a kv_transfer_config (vLLM's ExampleConnector)")
     r.add_argument("--report-error", action="store_true",
-                   help="an engine that fails to start: print its error as the RESULT")
+                   help="an engine that fails to start or to generate: print its error as "
+                        "the RESULT")
     r.set_defaults(fn=run)
     sub.add_parser("refuse").set_defaults(fn=refuse)
     sub.add_parser("layer-split").set_defaults(fn=layer_split)

@@ -300,10 +300,12 @@ def _check_layer(name, layer):
     """Refuse at patch time what the op would refuse inside the layer."""
     qkvz = hasattr(layer, "in_proj_qkvz")
     proj = layer.in_proj_qkvz if qkvz else layer.in_proj_qkv
-    dtype = proj.weight.dtype
-    if not dtype.is_floating_point or dtype.itemsize < 2:
-        # A quantized projection (fp8, int8, 4-bit packed) returns the model's compute dtype,
-        # which dt_bias, never quantized, holds.
+    weight = getattr(proj, "weight", None)
+    dtype = weight.dtype if isinstance(weight, torch.Tensor) else None
+    if dtype is None or not dtype.is_floating_point or dtype.itemsize < 2:
+        # A quantized projection (fp8, int8, 4-bit packed, or GPTQ/AWQ-style with a packed
+        # `qweight` and no `weight`) returns the model's compute dtype, which dt_bias, never
+        # quantized, holds.
         dtype = layer.dt_bias.dtype
     if dtype not in SUPPORTED_DTYPES:
         raise _dtype_error(f"patch_gdn_decode: Gated DeltaNet layer {name!r}", dtype)

@@ -211,12 +211,15 @@ _untaken_logged = set()
 def _op_takes(layer, mixed_qkv) -> bool:
     """Whether our op takes this layer's dtype pair, K and pool (docs/spec.md, "Validation",
     rules 4, 7, 8 and 13); a layer it does not take is left to vLLM (e.g. a float16 state under
-    bfloat16 activations, which vLLM's CPU kernels run)."""
+    bfloat16 activations, which vLLM's CPU kernels run). On CPU only bfloat16 activations: vLLM's
+    CPU path refuses others ("CPU GDN attention requires BF16."), and its prefill kernels, which
+    the plugin calls for the prefill rows, would fail on them less clearly."""
     pool = layer.kv_cache[1]
     k = layer.head_k_dim
     takes = ((mixed_qkv.dtype, pool.dtype) in _OP_DTYPES and 64 <= k <= 2032
              and not (pool.dtype == torch.float32 and 0 < k % 16 < 8)
-             and pool[0].is_contiguous())
+             and pool[0].is_contiguous()
+             and (mixed_qkv.device.type != "cpu" or mixed_qkv.dtype == torch.bfloat16))
     if not takes and layer.prefix not in _untaken_logged:
         _untaken_logged.add(layer.prefix)
         log.warning("custom_ops: layer %s stays vLLM's: npu_fused_gdn_decode does not take "
@@ -326,12 +329,22 @@ def _prefill(layer, m, mixed_qkv, b, a, core_attn_out, pool, check):
     try:
         if check:
             _check_converted(layer, pool, carried)
-        vllm_gdn._cpu_gdn_attention_nonspec(layer, part, mixed_qkv[t0:t1], b[t0:t1], a[t0:t1],
-                                            core_attn_out[t0:t1])
+        vllm_gdn._cpu_gdn_attention_nonspec(layer, part, _dense_rows(mixed_qkv[t0:t1]),
+                                            b[t0:t1], a[t0:t1], core_attn_out[t0:t1])
         if check:
             _shadow_pool(layer, pool)[written] = _k_major(pool)[written]
     finally:
         _to_our_layout(pool, written)
+
+
+def _dense_rows(x):
+    """x with rows x.size(1) elements apart. vLLM's CPU prefill makes its whole mixed_qkv
+    contiguous, which for Qwen3.5's (a column split of the fused projection) copies it when it
+    has two rows or more; its conv kernel then needs that row stride. The prefill rows of a mixed
+    batch can be one row, which .contiguous() leaves with the projection's row stride."""
+    if x.stride() == (x.size(1), 1):
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 def _wide_conv_state(layer) -> bool:
