@@ -27,6 +27,7 @@ from custom_ops.testing import (
     assert_close,
     call,
     check_against_reference,
+    clone_inputs,
     make_inputs,
     redispatch,
     storage_bytes,
@@ -115,6 +116,30 @@ def test_checked_reference_matches_reference(dtype, state_dtype):
     x = make_inputs(Case(B=4, H=1, Hv=3, K=64, V=8, dtype=dtype, state_dtype=state_dtype,
                          invalid_rows=(1, 2)))
     check_against_reference(x, steps=2, fn=redispatch(OP.default, "XPU"))
+
+
+@pytest.mark.parametrize("overload", ["default", "out"])
+def test_checked_reference_passes_softplus_threshold(overload):
+    # x = a + dt_bias around 0.5: with a threshold of -5, softplus(x) becomes x (0.5 instead of
+    # about 0.97), which halves g. Against the CPU op (its own threshold handling is tested in
+    # test_correctness.py), both overloads.
+    x = make_inputs(Case(B=3, H=2, Hv=4, K=64, V=16, invalid_rows=(0,)))
+    x["a"].fill_(0.5)
+    x["dt_bias"].zero_()
+    runs = {name: clone_inputs(x) for name in ("xpu", "cpu", "default")}
+    entry = redispatch(getattr(OP, overload), "XPU")
+    kw = {"softplus_threshold": -5.0}
+    if overload == "out":
+        kw["out"] = torch.zeros(3, 1, 4, 16, dtype=torch.bfloat16)
+    out = call(entry, runs["xpu"], **kw)
+    out_cpu = call(OP, runs["cpu"], softplus_threshold=-5.0)
+    out_default = call(OP, runs["default"])
+    assert_close(out, out_cpu, "out")
+    assert_close(runs["xpu"]["state_ref"], runs["cpu"]["state_ref"], "state")
+    with pytest.raises(AssertionError):  # else the case would not test the threshold
+        assert_close(out_default, out_cpu, "out with the default threshold")
+    if overload == "out":
+        assert out is kw["out"]
 
 
 def test_checked_reference_matches_cpu_op():

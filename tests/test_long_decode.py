@@ -6,12 +6,10 @@ last outputs); a bfloat16 state rounds every update, so it only has to stay boun
 relative terms. The drift is printed (pytest -s).
 """
 
-import math
-
 import torch
 
 from custom_ops import fused_gdn_decode_reference
-from custom_ops.testing import OP, TOLERANCES, Case, make_inputs
+from custom_ops.testing import OP, TOLERANCES, Case, make_inputs, tolerances
 
 STEPS = 2000
 B, H, HV, K, V = 10, 2, 4, 128, 32
@@ -59,25 +57,28 @@ def test_two_thousand_steps(one_thread):
         "bf16_state_rel_fro": _rel(s16, s64),
         "bf16_out_max_abs": (out16.double() - out64).abs().max().item(),
         "ref_state_max_abs": s64.abs().max().item(),
+        "ref_out_max_abs": out64.abs().max().item(),
         "bf16_state_max_abs_value": s16.abs().max().item(),
     }
     print("\nlong decode drift after", STEPS, "steps:",
           ", ".join(f"{k}={v:.3g}" for k, v in drift.items()))
 
-    # float32 state: within the float32 tolerance of the float64 run; outputs within bf16's.
+    # float32 state: within the float32 tolerance of the float64 run; outputs within bf16's
+    # (for outputs of their size: custom_ops.testing.tolerances).
     atol, rtol = TOLERANCES[torch.float32]
     torch.testing.assert_close(s32.double(), s64, atol=atol, rtol=rtol)
-    atol, rtol = TOLERANCES[torch.bfloat16]
+    atol, rtol = tolerances(out64.to(torch.bfloat16))
     torch.testing.assert_close(out32.double(), out64, atol=atol, rtol=rtol)
 
     # bfloat16 state: finite, bounded by the reference's range, a few bf16 roundings off overall.
     assert torch.isfinite(s16).all()
     assert drift["bf16_state_max_abs_value"] <= 1.5 * drift["ref_state_max_abs"] + 0.1
     assert drift["bf16_state_rel_fro"] < 0.05, drift
-    torch.testing.assert_close(out16.double(), out64, atol=0.05, rtol=0.05)
+    # (2,000 steps of bf16 state rounding: 1.7 % of the largest output here, on Zen 4.)
+    torch.testing.assert_close(out16.double(), out64, atol=0.05 * drift["ref_out_max_abs"],
+                               rtol=0.05)
 
     # The null slot and the slots never named were not written once in 2,000 steps.
     for s in (0, POOL - 2, POOL - 1):
         assert torch.equal(s32[s], state0[s]), f"fp32 slot {s} was written"
         assert torch.equal(s16[s].view(torch.int16), state0_16[s].view(torch.int16)), s
-    assert math.isfinite(drift["fp32_state_rel_fro"])
