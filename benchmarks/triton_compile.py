@@ -19,6 +19,7 @@ import concurrent.futures
 import contextlib
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -103,17 +104,26 @@ def compile_config(arch, dtype, state_dtype, K, V, config=None):
     return compile_launch(tk._kernel_body, arch, args, kwargs)
 
 
+# A SASS instruction in cuobjdump -sass's listing: "        /*0a30*/  FFMA R4, R5, R6, R4 ;"
+_SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
+
+
 def resources(kernel):
-    """{"n_regs", "n_spills", "shared"} of a compiled kernel, read from its cubin by the cuobjdump
-    Triton bundles: the attributes Triton's driver reports as n_regs and n_spills (local bytes
-    / 4) when it loads the kernel on a GPU."""
+    """{"n_regs", "n_spills", "shared", "sass"} of a compiled kernel, read from its cubin by the
+    cuobjdump Triton bundles: the attributes Triton's driver reports as n_regs and n_spills
+    (local bytes / 4) when it loads the kernel on a GPU, and the kernel's static count of SASS
+    instructions, NOPs left out (each thread runs each of them at most once: no loops)."""
     import triton
 
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        text = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage",
-                               f.name], check=True, capture_output=True, text=True).stdout
+        cuobjdump = triton.knobs.nvidia.cuobjdump.path
+        text = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], check=True,
+                              capture_output=True, text=True).stdout
+        sass = subprocess.run([cuobjdump, "-sass", f.name], check=True, capture_output=True,
+                              text=True).stdout
+    instructions = [m.group(1) for m in map(_SASS_LINE.match, sass.splitlines()) if m]
     fields = {}
     for line in text.splitlines():
         if "REG:" in line:
@@ -121,7 +131,8 @@ def resources(kernel):
     if not fields:
         raise RuntimeError(f"no resource line in the cuobjdump output:\n{text}")
     return dict(n_regs=int(fields["REG"]), n_spills=int(fields["LOCAL"]) // 4,
-                shared=int(fields["SHARED"]))
+                shared=int(fields["SHARED"]),
+                sass=sum(not i.startswith("NOP") for i in instructions))
 
 
 @contextlib.contextmanager
@@ -199,10 +210,11 @@ def main(argv=None):
         results = compile_all(tasks, d, pool)
     import triton
 
-    print(f"triton {triton.__version__}, H=16, Hv=32: registers per thread and spills "
-          f"(4-byte words of local memory per thread)\n")
+    print(f"triton {triton.__version__}, H=16, Hv=32: registers per thread, spills "
+          f"(4-byte words of local memory per thread) and SASS instructions (static count, "
+          f"NOPs left out)\n")
     head = ["mixed_qkv", "state", "K", "V", "BK", "BV", "warps"]
-    head += [f"sm_{a} {c}" for a in args.arch for c in ("regs", "spills")]
+    head += [f"sm_{a} {c}" for a in args.arch for c in ("regs", "spills", "sass")]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     errors = []
@@ -210,7 +222,7 @@ def main(argv=None):
         cells = [short(dtype), short(sdt), K, V, cfg.BK, cfg.BV, cfg.num_warps]
         for arch in args.arch:
             res, err = results[(arch, dtype, sdt, K, V, cfg)]
-            cells += ["FAIL", "-"] if err else [res["n_regs"], res["n_spills"]]
+            cells += ["FAIL", "-", "-"] if err else [res["n_regs"], res["n_spills"], res["sass"]]
             if err:
                 errors.append(f"sm_{arch} {config_id(dtype, sdt, K, V, cfg)}: {err}")
         print("| " + " | ".join(str(c) for c in cells) + " |")

@@ -52,7 +52,7 @@ def compiled(request, pool, cache_dir):
 def test_compiles(compiled, task):
     resources, error = compiled[task]
     assert error is None, f"Triton's compiler failed: {error}"
-    assert resources["n_regs"] > 0
+    assert resources["n_regs"] > 0 and resources["sass"] > 0
 
 
 def test_matrix_covers_every_choice():
