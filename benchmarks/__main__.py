@@ -53,6 +53,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BACKENDS = ("ours", "reference", "compiled", "copy", "rmw")
 CEILINGS = ("copy", "rmw")
 MODES = ("dram", "cache")
+_STARTED = time.time()  # the header's run time: when the benchmark was imported
 
 
 def input_dtype_for(state, input_dtype):
@@ -428,17 +429,31 @@ def format_variants(rows):
     return "\n".join(lines)
 
 
+def run_started():
+    """When the run started (UTC) and under which scheduling policy (chrt -f makes it SCHED_FIFO)."""
+    policy = {getattr(os, n, None): n for n in ("SCHED_OTHER", "SCHED_FIFO", "SCHED_RR",
+                                                 "SCHED_BATCH", "SCHED_IDLE")}
+    try:
+        sched = policy.get(os.sched_getscheduler(0), "unknown policy")
+    except (AttributeError, OSError):
+        sched = "unknown policy"
+    return f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(_STARTED))}, {sched}"
+
+
 def machine_description(device):
     if device == "cpu":
         cpu = platform.processor() or platform.machine()
+        info = {}
         try:
             with open("/proc/cpuinfo") as f:
                 for line in f:
-                    if line.startswith("model name"):
-                        cpu = line.split(":", 1)[1].strip()
-                        break
+                    key, _, value = line.partition(":")
+                    info.setdefault(key.strip(), value.strip())
         except OSError:
             pass
+        cpu = info.get("model name", cpu)
+        if "cpu family" in info and "model" in info:  # a VM's model name can be just "AMD EPYC"
+            cpu += f" (family {info['cpu family']} model {info['model']})"
         return (f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, "
                 f"kernel variant {custom_ops.cpu_isa()}")
     if device == "cuda":
@@ -595,8 +610,8 @@ def main(argv=None):
     machine = machine_description(args.device)
     print(f"benchmarks: npu_fused_gdn_decode on {args.device} ({machine}), torch "
           f"{torch.__version__}, input {args.input_dtype} (fp16 for an fp16 state), "
-          f"K=V={args.head_dim}, commit {source_commit()}; DRAM pools sized by a last-level "
-          f"cache of {args.cache_bytes / 2**20:.0f} MiB ({args.cache_source})")
+          f"K=V={args.head_dim}, commit {source_commit()}, {run_started()}; DRAM pools sized "
+          f"by a last-level cache of {args.cache_bytes / 2**20:.0f} MiB ({args.cache_source})")
     for mode in args.modes:
         sub = [r for r in rows if r["mode"] == mode]
         if mode == "dram":
