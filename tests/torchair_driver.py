@@ -55,8 +55,8 @@ class StandIn:
 def kernel(mixed_qkv, a, b, a_log, dt_bias, state, idx, scale, softplus_threshold):
     """FusedGdnDecode as GE runs it with state_out in its own buffer: reads `state`, writes only
     the rows of valid slots into a fresh state_out (other rows NaN). Returns (out, state_out,
-    rows moved)."""
-    from custom_ops import fused_gdn_decode_reference
+    rows moved). The package's CPU kernel stands in for the vendor's, so the tests' comparison
+    with the reference crosses two implementations, not one with itself."""
 
     B, Hv, V = idx.shape[0], state.shape[1], state.shape[2]
     if state.device.type == "meta":
@@ -68,8 +68,9 @@ def kernel(mixed_qkv, a, b, a_log, dt_bias, state, idx, scale, softplus_threshol
     local[1:] = state[slots[valid]]
     local_idx = torch.zeros_like(idx)
     local_idx[valid] = torch.arange(1, n + 1, dtype=idx.dtype)
-    out = fused_gdn_decode_reference(mixed_qkv, a, b, a_log, dt_bias, local, local_idx, scale,
-                                     softplus_threshold=softplus_threshold)
+    out = torch.ops.custom.npu_fused_gdn_decode(mixed_qkv, a, b, a_log, dt_bias, local,
+                                                local_idx, scale,
+                                                softplus_threshold=softplus_threshold)
     state_out = torch.full_like(state, float("nan"))
     state_out[slots[valid]] = local[1:]
     return out, state_out, n
