@@ -125,16 +125,17 @@ def test_prefix_caching_keeps_every_state(vllm_python):
 
 
 def test_speculative_decode_stays_vllm(vllm_python):
-    # ngram speculation on a repetitive prompt: vLLM's spec batches (and, with spec configured,
-    # every batch: the conv state is wider) run vLLM's code; tokens equal plugin-off bit for bit
-    # (the plugin only transposes slots in place around vLLM's kernels).
+    # ngram speculation on a repetitive prompt: with speculation configured (a wider conv state)
+    # every batch of every layer is vLLM's, its pool never converted; tokens equal plugin-off
+    # bit for bit.
     args = ("run", "--lengths", "40,50,30", "--max-tokens", "30", "--max-num-seqs", "2",
             "--ngram", "2", "--repetitive")
     on = drive(vllm_python, *args)
     off = drive(vllm_python, *args, plugin=False, check=False)
     assert on["oot_registered"] and not off["oot_registered"]
-    assert on["spec_calls"] > 0 and on["spec_seqs"] > on["spec_calls"], on
-    assert on["decode_calls"] == 0 and on["other_calls"] > 0, on
+    assert on["untaken_calls"] > 0, on
+    assert on["decode_calls"] == on["other_calls"] == on["converted_slots"] == 0, on
+    assert on["spec_steps"] > 0, on  # vLLM did verify drafts
     assert on["tokens"] == on["expected_tokens"]
     assert on["token_ids"] == off["token_ids"]
 

@@ -150,13 +150,16 @@ def run(args):
     Scheduler._preempt_request = counting_preempt
     # Every engine step of the timed generate(): [tokens scheduled, rows, seconds] (a pure decode
     # step schedules one token per row; the benchmark times those).
-    steps, scheduled = [], {}
+    # Steps that verify speculated tokens are counted apart (the plugin leaves them to vLLM).
+    steps, scheduled, spec_steps = [], {}, []
     schedule = Scheduler.schedule
 
     def recording_schedule(self, *a, **kw):
         out = schedule(self, *a, **kw)
         scheduled.update(tokens=out.total_num_scheduled_tokens,
                          rows=len(out.num_scheduled_tokens))
+        if out.scheduled_spec_decode_tokens:
+            spec_steps.append(len(out.scheduled_spec_decode_tokens))
         return out
 
     core_step = EngineCore.step
@@ -240,6 +243,7 @@ def run(args):
 
     result = dict(plugin.STATS, tokens=tokens, seconds=dt, steps=steps, token_ids=token_ids,
                   preemptions=len(preemptions), preempted=sorted(set(preemptions)),
+                  spec_steps=len(spec_steps),
                   block_size=block_size, architectures=architectures, gdn_layers=gdn_layers,
                   oot_registered="QwenGatedDeltaNetAttention" in op_registry_oot,
                   lengths=lengths, threads=torch.get_num_threads(),

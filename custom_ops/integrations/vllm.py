@@ -5,20 +5,18 @@ Off unless ``CUSTOM_OPS_VLLM=1``. Then ``register()`` (the ``vllm.general_plugin
 this wheel) replaces ``QwenGatedDeltaNetAttention`` by a subclass whose CPU forward calls the
 opaque op ``torch.ops.vllm.custom_ops_gdn_attention_core``:
 
-- the decode rows of a batch without speculation (pure decode, or mixed with prefill rows):
-  vLLM's own conv update, then our op's out overload on vLLM's pool (slot-strided, no copy),
-  writing vLLM's ``core_attn_out`` in place;
+- the decode rows of a batch (pure decode, or mixed with prefill rows): vLLM's own conv update,
+  then our op's out overload on vLLM's pool (slot-strided, no copy), writing vLLM's
+  ``core_attn_out`` in place;
 - the prefill rows of such a batch: vLLM's own ``_cpu_gdn_attention_nonspec`` on those rows alone;
-- a batch with speculation configured (spec rows, or the wider conv state): vLLM's own
-  ``cpu_gdn_attention_core``, unchanged;
-- a layer whose dtype pair, K or slots our op does not take: vLLM's own, every batch, its pool
-  never converted.
+- a layer whose dtype pair, K or slots our op does not take, or of an engine with speculative
+  decoding configured (spec rows, and the wider conv state vLLM keeps for them): vLLM's own
+  ``cpu_gdn_attention_core``, every batch, its pool never converted.
 
 Layout: vLLM's CPU kernels keep each slot K-major ([Hv][K][V] in memory, ``view(N, Hv, K, V)``);
 our op reads [Hv][V][K]. The plugin owns the pool in [V][K] and transposes slots in place only
 around vLLM's code: around prefill rows, into vLLM's layout the slots with an initial state and
-all their slots back after; around a speculative batch, every slot it names both ways. vLLM
-zeroes or overwrites a slot without initial state, so nothing else needs converting. Because the
+all their slots back after. vLLM zeroes or overwrites a slot without initial state, so nothing else needs converting. Because the
 pool at rest is not vLLM's CPU layout, an engine with a ``kv_transfer_config`` (KV connectors
 moving states between engines) is refused.
 
@@ -56,8 +54,7 @@ OP_NAME = "custom_ops_gdn_attention_core"
 
 # Counters of this process (read by the tests and the benchmark).
 STATS = {"decode_calls": 0, "decode_rows": 0, "other_calls": 0, "mixed_calls": 0,
-         "converted_slots": 0, "cuda_decode_calls": 0, "spec_calls": 0, "spec_seqs": 0,
-         "untaken_calls": 0, "checked_calls": 0, "checked_prior_slots": 0, "max_out_diff": 0.0,
+         "converted_slots": 0, "cuda_decode_calls": 0, "untaken_calls": 0, "checked_calls": 0, "checked_prior_slots": 0, "max_out_diff": 0.0,
          "max_state_diff": 0.0, "followed_copies": 0, "mixed_decode_rows": 0,
          "checked_converted_slots": 0}
 
@@ -211,21 +208,30 @@ _untaken_logged = set()
 def _op_takes(layer, mixed_qkv) -> bool:
     """Whether our op takes this layer's dtype pair, K and pool (docs/spec.md, "Validation",
     rules 4, 7, 8 and 13); a layer it does not take is left to vLLM (e.g. a float16 state under
-    bfloat16 activations, which vLLM's CPU kernels run). On CPU only bfloat16 activations: vLLM's
-    CPU path refuses others ("CPU GDN attention requires BF16."), and its prefill kernels, which
-    the plugin calls for the prefill rows, would fail on them less clearly."""
+    bfloat16 activations, which vLLM's CPU kernels run), its pool never converted. On CPU also:
+    - only bfloat16 activations: vLLM's CPU path refuses others ("CPU GDN attention requires
+      BF16."), and its prefill kernels, which the plugin calls for the prefill rows, would fail
+      on them less clearly;
+    - no speculative decoding configured: vLLM's kernels run every batch of such an engine
+      (spec rows, and the wider conv state it keeps for them), which would have the plugin
+      transpose every slot a batch names both ways around them, per layer and step."""
     pool = layer.kv_cache[1]
     k = layer.head_k_dim
     takes = ((mixed_qkv.dtype, pool.dtype) in _OP_DTYPES and 64 <= k <= 2032
              and not (pool.dtype == torch.float32 and 0 < k % 16 < 8)
              and pool[0].is_contiguous()
              and (mixed_qkv.device.type != "cpu" or mixed_qkv.dtype == torch.bfloat16))
-    if not takes and layer.prefix not in _untaken_logged:
+    speculative = mixed_qkv.device.type == "cpu" and _wide_conv_state(layer)
+    if (not takes or speculative) and layer.prefix not in _untaken_logged:
         _untaken_logged.add(layer.prefix)
-        log.warning("custom_ops: layer %s stays vLLM's: npu_fused_gdn_decode does not take "
-                    "activations %s with a %s state, K = %d (docs/spec.md)", layer.prefix,
-                    mixed_qkv.dtype, pool.dtype, k)
-    return takes
+        if not takes:
+            log.warning("custom_ops: layer %s stays vLLM's: npu_fused_gdn_decode does not take "
+                        "activations %s with a %s state, K = %d (docs/spec.md)", layer.prefix,
+                        mixed_qkv.dtype, pool.dtype, k)
+        else:
+            log.info("custom_ops: layer %s stays vLLM's: speculative decoding is configured, "
+                     "whose batches vLLM's own kernels run", layer.prefix)
+    return takes and not speculative
 
 
 # ---- layout ----------------------------------------------------------------------------------
@@ -277,33 +283,24 @@ def _gdn_attention_core(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tenso
         STATS["untaken_calls"] += 1
         vllm_gdn.cpu_gdn_attention_core(mixed_qkv, b, a, core_attn_out, layer.prefix)
         return
+    if (m.num_spec_decodes != 0 or m.spec_sequence_masks is not None
+            or m.num_decode_tokens != m.num_decodes):
+        # _op_takes leaves every layer of an engine with speculation configured to vLLM.
+        raise RuntimeError(
+            f"custom_ops.integrations.vllm: layer {layer.prefix} got a speculative batch "
+            f"({m.num_spec_decodes} spec rows, {m.num_decode_tokens} decode tokens for "
+            f"{m.num_decodes} decode rows) without the wider conv state vLLM keeps when "
+            f"speculative decoding is configured")
     check = check_enabled()
     # Without speculation vLLM's CPU code runs a batch's decode rows (first, one token each) and
     # its prefill rows apart, on distinct slots: the decode rows are ours whatever the batch.
-    non_spec = (m.num_spec_decodes == 0 and m.spec_sequence_masks is None
-                and m.num_decode_tokens == m.num_decodes and not _wide_conv_state(layer))
     if check:
-        _check_prior_state(layer, m, pool, non_spec and m.num_prefills == 0)
-    if non_spec:
-        if m.num_decodes > 0:
-            _decode(layer, m, mixed_qkv, b, a, core_attn_out, pool, check)
-        if m.num_prefills > 0:
-            STATS["mixed_calls"] += int(m.num_decodes > 0)
-            _prefill(layer, m, mixed_qkv, b, a, core_attn_out, pool, check)
-        return
-    slots = _valid_slots(m.non_spec_state_indices_tensor, m.spec_state_indices_tensor)
-    STATS["other_calls"] += 1
-    STATS["mixed_calls"] += int(m.num_decodes > 0 and m.num_prefills > 0)
-    STATS["spec_calls"] += int(m.num_spec_decodes > 0)
-    STATS["spec_seqs"] += int(m.num_spec_decodes)
-    STATS["converted_slots"] += int(slots.numel())
-    _to_vllm_layout(pool, slots)
-    try:
-        vllm_gdn.cpu_gdn_attention_core(mixed_qkv, b, a, core_attn_out, layer.prefix)
-        if check:
-            _shadow_pool(layer, pool)[slots] = _k_major(pool)[slots]
-    finally:
-        _to_our_layout(pool, slots)
+        _check_prior_state(layer, m, pool, m.num_prefills == 0)
+    if m.num_decodes > 0:
+        _decode(layer, m, mixed_qkv, b, a, core_attn_out, pool, check)
+    if m.num_prefills > 0:
+        STATS["mixed_calls"] += int(m.num_decodes > 0)
+        _prefill(layer, m, mixed_qkv, b, a, core_attn_out, pool, check)
 
 
 def _prefill(layer, m, mixed_qkv, b, a, core_attn_out, pool, check):
