@@ -175,14 +175,19 @@ def test_softplus_threshold_passes_through():
     check_against_reference(x, fn=cuda_entry, softplus_threshold=1.0)
 
 
+def _out_of_range_slot():
+    """Inputs whose row 1 names slot BlockNum (out of range), and a copy of their pool."""
+    x = make_inputs(Case(B=3, H=1, Hv=2, K=64, V=8))
+    pool = x["state_ref"].shape[0]
+    y = dict(x, ssm_state_indices=torch.tensor([1, pool, 2], dtype=torch.int32))
+    return y, pool, y["state_ref"].clone()
+
+
 def test_index_values_unchecked_by_default():
     # Without the debug switch (the rejections with it are in test_validation.py's table), an
     # out-of-range slot is still never dereferenced: row 1 gets zeros and the pool is untouched
     # outside the two valid slots.
-    x = make_inputs(Case(B=3, H=1, Hv=2, K=64, V=8))
-    pool = x["state_ref"].shape[0]
-    y = dict(x, ssm_state_indices=torch.tensor([1, pool, 2], dtype=torch.int32))
-    before = y["state_ref"].clone()
+    y, pool, before = _out_of_range_slot()
     old = cuda_backend.set_check_indices(False)
     try:
         out = call(cuda_entry, y)
@@ -197,10 +202,7 @@ def test_index_values_unchecked_by_default():
 def test_index_check_follows_the_environment_on_every_call(monkeypatch):
     # CUSTOM_OPS_CHECK_INDICES set after import turns the check on for the next call, as
     # CUSTOM_OPS_NPU_CHECK_INDICES does on NPU; the refused call leaves the pool as it was.
-    x = make_inputs(Case(B=3, H=1, Hv=2, K=64, V=8))
-    pool = x["state_ref"].shape[0]
-    y = dict(x, ssm_state_indices=torch.tensor([1, pool, 2], dtype=torch.int32))
-    before = y["state_ref"].clone()
+    y, pool, before = _out_of_range_slot()
     old = cuda_backend.set_check_indices(None)
     try:
         monkeypatch.setenv("CUSTOM_OPS_CHECK_INDICES", "1")
