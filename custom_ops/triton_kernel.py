@@ -9,8 +9,9 @@ invalid row writes its zeros and returns before it touches the state. The full K
 stays in registers because u = S k needs the whole row before the rank-one update.
 
 This module does no input checking: ``custom_ops.cuda`` registers the checked entry point.
-Importing it needs triton; the kernel is jitted on first launch, so ``TRITON_INTERPRET=1`` may be
-set any time before the first call (the tests rely on that).
+Importing it needs triton. ``TRITON_INTERPRET=1`` must be set before triton is imported: triton
+decorates its own library functions (and ``_to_bf16`` here) for one mode when they are imported, and
+a kernel of the other mode cannot call them (tests/conftest.py chooses per process).
 """
 
 import contextlib
@@ -26,6 +27,20 @@ from ._env import env_flag
 # A constexpr: the compiler refuses a plain module global inside @triton.jit (the interpreter
 # accepts one), so a plain float would fail every compiled launch with a NameError.
 NORM_EPS = tl.constexpr(1e-6)
+
+
+@triton.jit
+def _to_bf16(x, CVT_RN: tl.constexpr):
+    """fp32 -> bf16 rounded to nearest even, NaN as torch's canonical quiet NaN 0x7FC0. Compiled,
+    .to() rounds so (cvt.rn; it gives NaN as 0x7FFF); the interpreter truncates, so there it is
+    the bit formula of c10's round_to_nearest_even."""
+    if CVT_RN:
+        bits = x.to(tl.bfloat16).to(tl.uint16, bitcast=True)
+    else:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.uint16)
+    bits = tl.where(x != x, 0x7FC0, bits).to(tl.uint16)
+    return bits.to(tl.bfloat16, bitcast=True)
 
 
 def _kernel_body(
@@ -117,17 +132,9 @@ def _kernel_body(
     # Output from the updated fp32 state (step 5).
     o = tl.sum(s * q[None, :], axis=1)
 
-    # Round to nearest even (step 6), NaN -> torch's canonical quiet NaN 0x7FC0 for bf16.
-    # Compiled, .to() rounds so (cvt.rn; it gives NaN as 0x7FFF); the interpreter truncates, so
-    # there bf16 is rounded by the bit formula of c10's round_to_nearest_even.
+    # Round to nearest even (step 6).
     if STATE_BF16:
-        if CVT_RN:
-            bits = s.to(tl.bfloat16).to(tl.uint16, bitcast=True)
-        else:
-            bits = s.to(tl.uint32, bitcast=True)
-            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.uint16)
-        bits = tl.where(s != s, 0x7FC0, bits).to(tl.uint16)
-        s_out = bits.to(tl.bfloat16, bitcast=True)
+        s_out = _to_bf16(s, CVT_RN)
     else:
         s_out = s.to(state_ptr.dtype.element_ty)
     if EVEN:
@@ -135,13 +142,7 @@ def _kernel_body(
     else:
         tl.store(tile, s_out, mask=mask_s)
     if OUT_BF16:
-        if CVT_RN:
-            obits = o.to(tl.bfloat16).to(tl.uint16, bitcast=True)
-        else:
-            obits = o.to(tl.uint32, bitcast=True)
-            obits = ((obits + 0x7FFF + ((obits >> 16) & 1)) >> 16).to(tl.uint16)
-        obits = tl.where(o != o, 0x7FC0, obits).to(tl.uint16)
-        tl.store(out, obits.to(tl.bfloat16, bitcast=True), mask=mask_v)
+        tl.store(out, _to_bf16(o, CVT_RN), mask=mask_v)
     else:
         tl.store(out, o.to(out_ptr.dtype.element_ty), mask=mask_v)
 
@@ -155,7 +156,7 @@ def _interpret_mode() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _jitted(interpret: bool):
-    # triton.jit picks compiled vs interpreted at decoration time; decorate lazily, once per mode.
+    # The kernel, jitted once per mode on first launch (the tests replace it through this).
     del interpret  # only the cache key
     return triton.jit(_kernel_body)
 
