@@ -20,9 +20,17 @@ import platform
 
 import torch
 
-from benchmarks.__main__ import (DTYPES, POOL_OVER_CACHE, DramPool, _ceiling_fn, input_dtype_for,
-                                 last_level_cache_bytes, machine_description, run_started,
-                                 source_commit)
+from benchmarks.__main__ import (
+    DTYPES,
+    POOL_OVER_CACHE,
+    DramPool,
+    _ceiling_fn,
+    input_dtype_for,
+    last_level_cache_bytes,
+    machine_description,
+    run_started,
+    source_commit,
+)
 from benchmarks._harness import moved_bytes, time_calls
 from custom_ops.testing import Case, call, make_inputs
 
