@@ -2,6 +2,8 @@
 
     python -m benchmarks                  the main job: the CPU table (--device cpu|npu|cuda)
     python -m benchmarks.threads          concurrent Python callers on one slot pool (CPU)
+    python -m benchmarks.hugepages        the op and rmw from DRAM on 4 KiB vs 2 MiB pages (CPU,
+                                          Linux), interleaved
     python -m benchmarks.kernel_ab        CPU kernel sources (git revisions, directories) compiled
                                           side by side: same bits checked, then timed interleaved
     python -m benchmarks.gpu              the CUDA benchmark, target verdicts, tile sweep (GPU
