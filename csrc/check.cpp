@@ -270,7 +270,7 @@ GdnDims check_fused_gdn_decode_inputs(const GdnArgs& args) {
         pad_bytes <= kMaxFp32RowPadBytes, kOp, "K = ", K,
         " is not supported with a float32 state_ref: rows are padded to a multiple of ", kKAlign,
         " elements and at most ", kMaxFp32RowPadBytes, " bytes of padding are allowed, but K = ",
-        K, " needs ", pad_bytes, " (use K % 16 == 0 or K % 16 >= 8, or a ", dtype_name(dtype),
+        K, " needs ", pad_bytes, " bytes (use K % 16 == 0 or K % 16 >= 8, or a ", dtype_name(dtype),
         " state)");
   }
 
@@ -367,9 +367,11 @@ void check_fused_gdn_decode_out(const at::Tensor& out, const GdnDims& d, const G
 }
 
 SlotSnapshot::SlotSnapshot(const at::Tensor& indices) {
-  TORCH_CHECK(indices.device().is_cpu() && indices.scalar_type() == at::kInt && indices.dim() == 1,
-              "SlotSnapshot: expected 1-D CPU int32 indices, got ", indices.sizes(), " ",
-              indices.scalar_type(), " on ", indices.device());
+  // Callers pass checked indices (the op's check, or check_slot_indices's below).
+  TORCH_INTERNAL_ASSERT(
+      indices.device().is_cpu() && indices.scalar_type() == at::kInt && indices.dim() == 1,
+      "SlotSnapshot: expected 1-D CPU int32 indices, got ", indices.sizes(), " ",
+      indices.scalar_type(), " on ", indices.device());
   size_ = indices.size(0);
   if (size_ <= static_cast<int64_t>(std::size(inline_))) {
     data_ = inline_;
@@ -431,6 +433,14 @@ void check_slot_indices(const int32_t* slots, int64_t n, int64_t block_num) {
 }
 
 void check_slot_indices(const at::Tensor& indices, int64_t block_num) {
+  constexpr const char* kFn = "check_slot_indices: ";
+  TORCH_CHECK_TYPE(indices.scalar_type() == at::kInt, kFn,
+                   "indices must have dtype torch.int32, but got ",
+                   dtype_name(indices.scalar_type()));
+  TORCH_CHECK_VALUE(indices.device().is_cpu(), kFn, "indices must be on cpu, but got ",
+                    indices.device());
+  TORCH_CHECK_VALUE(indices.dim() == 1, kFn, "indices must be 1-D, but got shape ",
+                    indices.sizes());
   const SlotSnapshot slots(indices);
   check_slot_indices(slots.data(), slots.size(), block_num);
 }

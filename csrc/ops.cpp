@@ -89,7 +89,7 @@ TORCH_LIBRARY(custom_ops_internal, m) {
   m.def("set_cpu_isa(str name) -> str", [](const std::string& name) -> std::string {
     std::string previous = custom_ops::cpu::isa_name(custom_ops::cpu::current_isa());
     std::string error;
-    TORCH_CHECK_VALUE(custom_ops::cpu::set_isa(name, &error), error);
+    TORCH_CHECK_VALUE(custom_ops::cpu::set_isa(name, &error), "set_cpu_isa: ", error);
     return previous;
   });
   // Whether the CPU kernel uses its row kernels specialised on K = 64, 128, 256 (default true;

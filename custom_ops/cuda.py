@@ -34,8 +34,11 @@ def set_check_indices(enabled: bool | None) -> bool | None:
 
     Off by default: it copies ``ssm_state_indices`` to the host (a device sync) on every call.
     """
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"set_check_indices: enabled must be a bool or None, but got "
+                        f"{type(enabled).__name__} {enabled!r}")
     global _check_indices
-    old, _check_indices = _check_indices, None if enabled is None else bool(enabled)
+    old, _check_indices = _check_indices, enabled
     return old
 
 

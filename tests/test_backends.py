@@ -179,3 +179,16 @@ def test_check_indices_switch(monkeypatch):
         assert cuda_backend.check_indices_enabled()
     finally:
         cuda_backend.set_check_indices(old)
+
+
+@pytest.mark.parametrize("value", ["false", 0, 1, 1.0])
+def test_check_indices_switch_takes_only_a_bool_or_none(value):
+    # bool("false") is True: a string must not turn the check on by accident.
+    old = cuda_backend.set_check_indices(None)
+    try:
+        with pytest.raises(TypeError, match=r"set_check_indices: enabled must be a bool or None, "
+                                            r"but got \w+ "):
+            cuda_backend.set_check_indices(value)
+        assert cuda_backend.set_check_indices(None) is None  # unchanged by the refused call
+    finally:
+        cuda_backend.set_check_indices(old)

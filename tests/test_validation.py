@@ -225,10 +225,10 @@ REJECTIONS = _rank_rows() + _dtype_rows() + _empty_rows() + _tensor_kind_rows() 
     _k(2033, "K (state_ref.size(3)) must be in [64, 2032], but got 2033"),
     _k(2048, "K (state_ref.size(3)) must be in [64, 2032], but got 2048"),
     _k(65, "K = 65 is not supported with a float32 state_ref: rows are padded to a multiple of "
-       "16 elements and at most 32 bytes of padding are allowed, but K = 65 needs 60"),
+       "16 elements and at most 32 bytes of padding are allowed, but K = 65 needs 60 bytes"),
     _k(71, "K = 71 is not supported with a float32 state_ref"),
     _k(129, "K = 129 is not supported with a float32 state_ref"),
-    _k(2017, "but K = 2017 needs 60"),
+    _k(2017, "but K = 2017 needs 60 bytes"),
     # sizes derived from mixed_qkv.size(1)
     Rejection("width-1", replaced("mixed_qkv", lambda x: x["mixed_qkv"][:, :1]), ValueError,
               "mixed_qkv.size(1) must be greater than Hv*V = 64"),
@@ -508,3 +508,19 @@ def test_nested_tensor_is_pytorchs_not_implemented(name):
     with pytest.raises(NotImplementedError):
         call(OP, dict(x, **{name: nested}))
     assert torch.equal(storage_bytes(x["state_ref"]), before)
+
+
+@pytest.mark.parametrize("indices,error,message", [
+    (torch.tensor([1, 2]), TypeError, "indices must have dtype torch.int32, but got torch.int64"),
+    (torch.tensor([[1, 2]], dtype=torch.int32), ValueError, r"indices must be 1-D, but got shape \[1, 2\]"),
+    (torch.tensor([1, 2], dtype=torch.int32, device="meta"), ValueError,
+     "indices must be on cpu, but got meta"),
+], ids=["int64", "2d", "meta"])
+def test_internal_slot_check_checks_its_indices(indices, error, message):
+    """The slot check the reference and Triton paths call on host indices (the op's own rules,
+    messages and order) refuses indices it cannot read, naming its argument."""
+    with pytest.raises(error, match="check_slot_indices: " + message):
+        torch.ops.custom_ops_internal.check_slot_indices(indices, 4)
+    torch.ops.custom_ops_internal.check_slot_indices(torch.tensor([1, 0, 3], dtype=torch.int32), 4)
+    with pytest.raises(ValueError, match=r"ssm_state_indices\[1\] = 4 is out of range"):
+        torch.ops.custom_ops_internal.check_slot_indices(torch.tensor([1, 4], dtype=torch.int32), 4)

@@ -161,16 +161,16 @@ bool set_isa(const std::string& name, std::string* error) {
   } else if (!parse_isa(name, &isa)) {
     std::vector<std::string> names = variant_names();
     names.insert(names.begin(), "auto");
-    *error = "unknown CPU kernel variant " + quoted(name) + ", expected " +
-             name_list(names, " or ");
+    *error = "name must be " + name_list(names, " or ") + " (a CPU kernel variant), but got " +
+             quoted(name);
     return false;
   } else if (!cpu_supports(isa)) {
     std::vector<std::string> runnable;
     for (Isa ok : available_isas()) {
       runnable.emplace_back(isa_name(ok));
     }
-    *error = "CPU kernel variant " + quoted(name) +
-             " is not available: this build or this CPU lacks it (available here: " +
+    *error = "name " + quoted(name) +
+             " is a CPU kernel variant this build or this CPU lacks (available here: " +
              name_list(runnable, ", ") + ")";
     return false;
   }
