@@ -183,12 +183,18 @@ def test_check_indices_switch(monkeypatch):
 
 @pytest.mark.parametrize("value", ["false", 0, 1, 1.0])
 def test_check_indices_switch_takes_only_a_bool_or_none(value):
-    # bool("false") is True: a string must not turn the check on by accident.
-    old = cuda_backend.set_check_indices(None)
+    # bool("false") is True: a string must not turn the check on by accident. The switch is
+    # set first, so that a refusal which reset it would show.
+    old = cuda_backend.set_check_indices(False)
     try:
         with pytest.raises(TypeError, match=r"set_check_indices: enabled must be a bool or None, "
                                             r"but got \w+ "):
             cuda_backend.set_check_indices(value)
-        assert cuda_backend.set_check_indices(None) is None  # unchanged by the refused call
+        assert not cuda_backend.check_indices_enabled()
+        assert cuda_backend.set_check_indices(True) is False  # unchanged by the refused call
+        with pytest.raises(TypeError):
+            cuda_backend.set_check_indices(value)
+        assert cuda_backend.check_indices_enabled()
+        assert cuda_backend.set_check_indices(None) is True
     finally:
         cuda_backend.set_check_indices(old)

@@ -326,14 +326,37 @@ def test_env_variable_with_a_variant_this_machine_lacks_warns():
     assert chosen == _expected_default(capability)
 
 
-def test_set_cpu_isa_rejects_unknown():
-    before = custom_ops.cpu_isa()
+@pytest.fixture
+def non_default_isa():
+    """A variant other than the default selected for the test, so that a refusal which fell back
+    to the default ("auto") would show."""
+    default = custom_ops.set_cpu_isa("auto")
+    custom_ops.set_cpu_isa(default)
+    other = [v for v in custom_ops.cpu_isas() if v != custom_ops.cpu_isa()]
+    if not other:
+        pytest.skip("this build and CPU run only the default variant")
+    with use_cpu_isa(other[0]):
+        yield other[0]
+
+
+def test_set_cpu_isa_rejects_unknown(non_default_isa):
     names = ", ".join(repr(v) for v in ["auto", *VARIANTS[:-1]])
     expected = (f"set_cpu_isa: name must be {names} or {VARIANTS[-1]!r} (a CPU kernel "
                 f"variant), but got 'sse9'")
     with pytest.raises(ValueError, match=re.escape(expected)):
         custom_ops.set_cpu_isa("sse9")
-    assert custom_ops.cpu_isa() == before
+    assert custom_ops.cpu_isa() == non_default_isa
+
+
+def test_set_cpu_isa_rejects_a_variant_this_machine_lacks(non_default_isa):
+    missing = [v for v in VARIANTS if v not in custom_ops.cpu_isas()]
+    if not missing:
+        pytest.skip("this build and CPU run every variant")
+    with pytest.raises(ValueError, match=re.escape(
+            f"set_cpu_isa: name {missing[0]!r} is a CPU kernel variant this build or this CPU "
+            f"lacks (available here: ")):
+        custom_ops.set_cpu_isa(missing[0])
+    assert custom_ops.cpu_isa() == non_default_isa
 
 
 def test_set_cpu_isa_returns_the_previous_variant(isa):
@@ -344,16 +367,14 @@ def test_set_cpu_isa_returns_the_previous_variant(isa):
 
 
 @pytest.mark.parametrize("name", ["portable\x00junk", "Portable", " avx2", ""])
-def test_set_cpu_isa_rejects_near_misses(name):
-    before = custom_ops.cpu_isa()
+def test_set_cpu_isa_rejects_near_misses(name, non_default_isa):
     with pytest.raises(ValueError, match=r"set_cpu_isa: name must be 'auto', .* but got "):
         custom_ops.set_cpu_isa(name)
-    assert custom_ops.cpu_isa() == before
+    assert custom_ops.cpu_isa() == non_default_isa
 
 
 @pytest.mark.parametrize("name", [None, 2, b"avx2"])
-def test_set_cpu_isa_rejects_non_strings(name):
-    before = custom_ops.cpu_isa()
-    with pytest.raises(TypeError, match="name"):
+def test_set_cpu_isa_rejects_non_strings(name, non_default_isa):
+    with pytest.raises(TypeError, match="set_cpu_isa: name must be a str"):
         custom_ops.set_cpu_isa(name)
-    assert custom_ops.cpu_isa() == before
+    assert custom_ops.cpu_isa() == non_default_isa

@@ -16,8 +16,8 @@ import torch
 from custom_ops import cuda as cuda_backend
 from custom_ops import fused_gdn_decode_reference
 from custom_ops.testing import (ALL_DTYPES, ARG_NAMES, OP, RANK, Case, assert_close, call,
-                                fake_mode, make_inputs, redispatch, storage_bytes, to_fake,
-                                to_meta)
+                                check_against_reference, fake_mode, make_inputs, redispatch,
+                                storage_bytes, to_fake, to_meta)
 
 BASE = Case(B=3, H=2, Hv=4, K=64, V=16)  # BlockNum 8, width 2*2*64 + 4*16 = 320
 FP16 = dataclasses.replace(BASE, dtype=torch.float16, state_dtype=torch.float16)
@@ -418,13 +418,16 @@ def test_meta_accepts_index_values(backend, row):
 
 def test_low_precision_state_accepts_k129():
     x = make_inputs(Case(B=2, H=1, Hv=2, K=129, V=8, state_dtype=torch.bfloat16))
-    assert call(OP, x).shape == (2, 1, 2, 8)
+    check_against_reference(x)  # out (its shape and dtype too) and the state pool
 
 
 def test_duplicate_invalid_indices_are_fine():
+    # Rows with index <= 0 (repeated or not) get zeros and touch no slot, slot 0 included.
     x = make_inputs(BASE)
     x["ssm_state_indices"] = torch.tensor([0, 0, -1], dtype=torch.int32)
+    before = storage_bytes(x["state_ref"])
     assert call(OP, x).abs().sum() == 0
+    assert torch.equal(storage_bytes(x["state_ref"]), before)
 
 
 def test_meta_output_matches_cpu_output():
@@ -517,8 +520,8 @@ def test_nested_tensor_is_pytorchs_not_implemented(name):
      "indices must be on cpu, but got meta"),
 ], ids=["int64", "2d", "meta"])
 def test_internal_slot_check_checks_its_indices(indices, error, message):
-    """The slot check the reference and Triton paths call on host indices (the op's own rules,
-    messages and order) refuses indices it cannot read, naming its argument."""
+    """The slot check the reference and Triton paths call on host indices (the op's slot rules
+    and messages) refuses indices it cannot read, naming its argument."""
     with pytest.raises(error, match="check_slot_indices: " + message):
         torch.ops.custom_ops_internal.check_slot_indices(indices, 4)
     torch.ops.custom_ops_internal.check_slot_indices(torch.tensor([1, 0, 3], dtype=torch.int32), 4)
