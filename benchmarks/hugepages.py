@@ -64,16 +64,19 @@ def anon_huge_bytes():
 
 
 class AdvisedPool(DramPool):
-    """A DramPool whose memory is advised (huge pages or not) before its first touch."""
+    """A DramPool whose memory is advised (huge pages or not) before its first touch;
+    ``huge_bytes`` is how much of the current pool came in huge pages."""
 
     def __init__(self, *args, advice, **kwargs):
         super().__init__(*args, **kwargs)
         self.advice = advice
+        self.huge_bytes = 0
 
     def ensure(self, B):
         slots = max(math.ceil(self.min_bytes / self.slot_bytes), POOL_OVER_CACHE * B) + 1
         if self.state is None or self.state.shape[0] < slots:
-            self.state = None
+            self.state = None  # freed before the count below starts
+            before = anon_huge_bytes()
             state = torch.empty((slots, *self.shape), dtype=self.state_dtype)
             start = state.data_ptr()
             first = -(-start // PAGE) * PAGE
@@ -85,6 +88,7 @@ class AdvisedPool(DramPool):
             for i in range(0, slots, 64):  # first touch, in chunks as DramPool does
                 chunk = state[i:i + 64]
                 chunk.copy_(torch.randn(chunk.shape, generator=g) * 0.5)
+            self.huge_bytes = anon_huge_bytes() - before
             self.state = state
         return self.state
 
@@ -97,7 +101,6 @@ def run(a, cache_bytes):
         dtype = DTYPES[input_dtype_for(sd, "bf16")]
         pools = {name: AdvisedPool(Hv, D, DTYPES[sd], cache_bytes, "cpu", advice=advice)
                  for name, advice in (("4k", MADV_NOHUGEPAGE), ("2m", MADV_HUGEPAGE))}
-        huge = {}
         for B in a.batch:
             x = make_inputs(Case(B=B, H=H, Hv=Hv, K=D, V=D, dtype=dtype, state_dtype=DTYPES[sd],
                                  pool=2 * B + 1, layout="projection"))
@@ -106,9 +109,7 @@ def run(a, cache_bytes):
                 torch.set_num_threads(threads)
                 fns = {}
                 for name, pool in pools.items():
-                    before = anon_huge_bytes()
                     state = pool.ensure(B)
-                    huge[name] = max(huge.get(name, 0), anon_huge_bytes() - before)
                     windows = pool.windows(B)
                     fns["rmw " + name] = _ceiling_fn("rmw", pool.byte_chunks(nbytes))
 
@@ -118,7 +119,8 @@ def run(a, cache_bytes):
                 t = time_calls(fns, lambda: None, a.min_time)
                 rows.append((sd, B, threads, t))
         print(f"{sd} pools: {pools['4k'].state.nbytes / 2**20:.0f} MiB each; in huge pages: "
-              f"4k pool {huge['4k'] / 2**20:.0f} MiB, 2m pool {huge['2m'] / 2**20:.0f} MiB",
+              f"4k pool {pools['4k'].huge_bytes / 2**20:.0f} MiB, "
+              f"2m pool {pools['2m'].huge_bytes / 2**20:.0f} MiB",
               flush=True)
     return rows
 

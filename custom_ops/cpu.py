@@ -46,7 +46,8 @@ def apply_env():
     try:
         set_cpu_isa(name)
     except ValueError as e:
+        why = str(e).removeprefix("set_cpu_isa: name ")  # the variable was set, not the function
         if name != "auto" and name not in VARIANTS:
-            raise ValueError(f"{ENV}={name!r}: {e}") from None
-        warnings.warn(f"{ENV}={name!r} ignored: {e}; using {cpu_isa()!r}", RuntimeWarning,
+            raise ValueError(f"{ENV} {why}") from None
+        warnings.warn(f"{ENV}={name!r} ignored: {why}; using {cpu_isa()!r}", RuntimeWarning,
                       stacklevel=2)

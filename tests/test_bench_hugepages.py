@@ -38,6 +38,14 @@ def test_pools_get_the_pages_they_are_advised(advice, thp_on):
         assert gained == 0
     else:  # all of the pool's whole 2 MiB pages, less the ends
         assert gained >= state.nbytes - (4 << 20), (gained, state.nbytes)
+    assert pool.huge_bytes == gained
+    # grown for a larger B: the count is the new pool's, the old one freed before it
+    grown = pool.ensure(hugepages.math.ceil(2 * state.shape[0] / hugepages.POOL_OVER_CACHE))
+    assert grown.shape[0] > state.shape[0]
+    if advice == hugepages.MADV_NOHUGEPAGE:
+        assert pool.huge_bytes == 0
+    else:
+        assert pool.huge_bytes >= grown.nbytes - (4 << 20), (pool.huge_bytes, grown.nbytes)
 
 
 def test_table_has_a_line_per_case(capsys, thp_on):
@@ -45,7 +53,8 @@ def test_table_has_a_line_per_case(capsys, thp_on):
                            "--min-time", "0.01", "--cache-bytes", str(4 << 20)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "transparent_hugepage/enabled" in out[0]
-    # the pools the columns are named for got those pages (16 MiB each: 7 whole 2 MiB pages)
+    # the pools the columns are named for got those pages (17 MiB each: 7 whole 2 MiB pages
+    # at least)
     pools = next(s for s in out if s.startswith("bf16 pools:"))
     assert "4k pool 0 MiB" in pools
     huge = int(pools.split("2m pool ")[1].split()[0])

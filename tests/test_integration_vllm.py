@@ -36,9 +36,11 @@ def vllm_python():
     return str(VENV / "bin" / "python")
 
 
-def drive(python, *args, plugin=True, check=True, timeout=900):
+def drive(python, *args, plugin=True, check=True, timeout=900, env_extra=None):
     env = {k: v for k, v in os.environ.items()
-           if k not in ("CUSTOM_OPS_VLLM", "CUSTOM_OPS_VLLM_CHECK", "PYTHONPATH")}
+           if k not in ("CUSTOM_OPS_VLLM", "CUSTOM_OPS_VLLM_CHECK", "PYTHONPATH",
+                        "THP_MEM_ALLOC_ENABLE")}
+    env.update(env_extra or {})
     if plugin:
         env["CUSTOM_OPS_VLLM"] = "1"
     if check:
@@ -159,6 +161,25 @@ def test_float16_model_gets_vllms_own_error(vllm_python):
         r = drive(vllm_python, "run", "--dtype", "float16", "--report-error", "--lengths", "5,40",
                   "--max-tokens", "4", plugin=plugin, check=False)
         assert r.get("error", "").startswith("AssertionError: CPU GDN attention requires BF16."), r
+
+
+def test_cache_in_huge_pages_under_thp_mem_alloc_enable(vllm_python):
+    # docs/vllm.md: THP_MEM_ALLOC_ENABLE=1 puts vLLM's CPU cache, GDN states included, in 2 MiB
+    # pages where the kernel's setting is madvise (and the cache is one torch allocation).
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        mode = "unknown"
+    if mode != "madvise":
+        pytest.skip(f"transparent huge pages are {mode!r} here, not 'madvise'")
+    args = ("run", "--lengths", "5", "--max-tokens", "2")
+    on = drive(vllm_python, *args, env_extra={"THP_MEM_ALLOC_ENABLE": "1"})
+    off = drive(vllm_python, *args)
+    assert on["kv_cache_bytes"] == off["kv_cache_bytes"] >= 64 << 20, (on, off)
+    assert off["kv_cache_huge_bytes"] == 0, off
+    assert on["kv_cache_huge_bytes"] >= on["kv_cache_bytes"] - (4 << 20), on
+    assert on["decode_calls"] > 0 and on["token_ids"] == off["token_ids"]
 
 
 def test_plugin_inert_when_off(vllm_python):

@@ -123,6 +123,37 @@ def _torchvision_without_cuda():
     registry._run_in_subprocess = lambda fn: fn()
 
 
+def _anon_huge_bytes():
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _record_kv_cache_pages():
+    """Records the bytes of vLLM's cache allocation (the attention and GDN states: one torch
+    tensor, vllm/v1/worker/utils.py allocate_kv_cache) and how many of them came in transparent
+    huge pages (AnonHugePages before and after it); filled when the engine allocates."""
+    from vllm.v1.worker import gpu_model_runner
+    from vllm.v1.worker import utils as worker_utils
+
+    seen = {}
+    allocate = worker_utils.allocate_kv_cache
+
+    def recording(*a, **kw):
+        before = _anon_huge_bytes()
+        caches = allocate(*a, **kw)
+        seen["huge_bytes"] = _anon_huge_bytes() - before
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for t in caches.values()}
+        seen["bytes"] = sum(storages.values())
+        return caches
+
+    worker_utils.allocate_kv_cache = gpu_model_runner.allocate_kv_cache = recording
+    return seen
+
+
 def _gdn_layers(model):
     """(class name, Qwen3-Next's interleaved projection layout?) of every GDN layer."""
     return [(type(m).__name__, bool(m.gqa_interleaved_layout)) for m in model.modules()
@@ -173,6 +204,7 @@ def run(args):
         return r
 
     Scheduler.schedule, EngineCore.step = recording_schedule, timed_step
+    kv_pages = _record_kv_cache_pages()
     if args.ngram:
         _fix_vllm_spec_indices()
     extra = {}
@@ -248,6 +280,8 @@ def run(args):
                   oot_registered="QwenGatedDeltaNetAttention" in op_registry_oot,
                   lengths=lengths, threads=torch.get_num_threads(),
                   cached_tokens=cached_tokens, mamba_cache_mode=mamba_cache_mode,
+                  kv_cache_bytes=kv_pages.get("bytes"),
+                  kv_cache_huge_bytes=kv_pages.get("huge_bytes"),
                   expected_tokens=sum(args.max_tokens + args.max_tokens_step * i
                                       for i in range(len(prompts))))
     print("RESULT " + json.dumps(result), flush=True)
