@@ -197,9 +197,9 @@ setup(
         # protobuf, packaging: torchair's Python (tests/test_torchair.py) imports them.
         # accelerate: the transformers integration under offload hooks.
         "test": ["pytest", "numpy", "hypothesis", "protobuf>=4,<7", "packaging",
-                 "transformers>=5.22.2,<5.25", "accelerate"],
+                 "transformers>=5.22.2,<5.26", "accelerate"],
         # custom_ops.integrations.transformers: the tested range.
-        "transformers": ["transformers>=5.22.2,<5.25"],
+        "transformers": ["transformers>=5.22.2,<5.26"],
         # The CPU benchmark's --plot.
         "bench": ["matplotlib"],
         # custom_ops.integrations.vllm: the tested range (vLLM's CPU build, own venv).

@@ -252,6 +252,35 @@ def test_close_to_stock_transformers(family, dtype):
     assert all(s.stride(-2) == 1 and s.stride(-1) == s.shape[-2] for s in now)
 
 
+def cache_lengths(cache):
+    """Each cache layer's get_seq_length, or the error it raises (transformers < 5.25 has no length
+    for a linear-attention layer but the first)."""
+    lengths = []
+    for i in range(len(cache.layers)):
+        try:
+            lengths.append(int(cache.get_seq_length(i)))
+        except ValueError as e:
+            lengths.append(type(e).__name__)
+    return lengths
+
+
+@needs_tested
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "qwen3_5_moe"])
+def test_cache_lengths_match_stock(family):
+    # transformers >= 5.25 counts the tokens of a linear-attention layer in its conv step
+    # (get_seq_length(0) is then a GDN layer's count, which generate() continues from): the
+    # patched decode step must count them as stock does.
+    model = make_model(family, torch.bfloat16)
+    prompt = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(1, VOCAB, (4, 2), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(prompt)
+    _, stock = decode_logits(model, prompt, mask, tokens)
+    with integ.patch_gdn_decode(model):
+        _, ours = decode_logits(model, prompt, mask, tokens)
+    assert all(integ.state_pool(ours, i) is not None for i in gdn_layer_indices(model))
+    assert cache_lengths(ours) == cache_lengths(stock), (cache_lengths(ours), cache_lengths(stock))
+
+
 # (3) a batch of 4 prompts of different lengths, left padded.
 @needs_tested
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
@@ -502,7 +531,7 @@ def test_torch_compile_traces_transformers_own_forward():
     assert all(torch.equal(a, b) for a, b in zip(logits, stock))
 
 
-@pytest.mark.parametrize("version", ["5.22.1", "5.25.0", "5.25.0.dev0", "4.57.1"])
+@pytest.mark.parametrize("version", ["5.22.1", "5.26.0", "5.26.0.dev0", "4.57.1"])
 def test_untested_transformers_refused(monkeypatch, version):
     model = torch.nn.Linear(2, 2)
     monkeypatch.setattr(integ.transformers, "__version__", version)
@@ -511,16 +540,18 @@ def test_untested_transformers_refused(monkeypatch, version):
 
 
 @pytest.mark.parametrize(
-    "version", ["5.22.2rc1", "5.22.2.dev0", "5.22.2a1", "5.24.0rc1", "5.25.0rc1"]
+    "version", ["5.22.2rc1", "5.22.2.dev0", "5.22.2a1", "5.24.0rc1", "5.25.0rc1", "5.26.0rc1"]
 )
 def test_pre_releases_refused(monkeypatch, version):
-    # The range >=5.22.2,<5.25 holds no pre-release: 5.22.2rc1 is before the tested 5.22.2.
+    # The range >=5.22.2,<5.26 holds no pre-release: 5.22.2rc1 is before the tested 5.22.2.
     monkeypatch.setattr(integ.transformers, "__version__", version)
     with pytest.raises(RuntimeError, match=version.replace(".", r"\.")):
         integ._version_check()
 
 
-@pytest.mark.parametrize("version", ["5.22.2", "5.22.2.post1", "5.23.0", "5.24.0+local"])
+@pytest.mark.parametrize(
+    "version", ["5.22.2", "5.22.2.post1", "5.23.0", "5.24.0+local", "5.25.0"]
+)
 def test_tested_releases_accepted(monkeypatch, version):
     monkeypatch.setattr(integ.transformers, "__version__", version)
     integ._version_check()

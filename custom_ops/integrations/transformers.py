@@ -48,9 +48,10 @@ __all__ = [
     "unpatch_gdn_decode",
 ]
 
-# [lowest, first untested) release of transformers; the tests were run on 5.22.2, 5.23.0 and 5.24.0.
+# [lowest, first untested) release of transformers; the tests were run on 5.22.2, 5.23.0, 5.24.0
+# and 5.25.0.
 # Widen only after running tests/test_integration_transformers.py on the new release.
-TESTED_TRANSFORMERS = ("5.22.2", "5.25")
+TESTED_TRANSFORMERS = ("5.22.2", "5.26")
 
 # The op's contract takes 16-bit activations (its state may be fp32).
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
@@ -181,13 +182,25 @@ def _decode(layer, patch, hidden_states, cache, attention_mask):
         a = layer.in_proj_a(hidden_states)
     # transformers' conv step (updates its conv state in place); its output is the op's mixed_qkv:
     # q of H heads, k of H heads, v of Hv heads, value head j reading key head j // (Hv / H).
-    mixed_qkv = helpers.causal_conv1d_update(
-        mixed_qkv.transpose(1, 2),
-        cache.get_conv_state(layer.layer_idx, state_idx=0),
-        layer.conv1d.weight.squeeze(1),
-        layer.conv1d.bias,
-        layer.activation,
-    )
+    conv_forward = getattr(helpers, "causal_conv1d_forward", None)
+    if conv_forward is not None:
+        # transformers >= 5.25: the layer's conv step, which also counts the token in the cache
+        # layer's length (get_seq_length); for one token it is causal_conv1d_update, as below.
+        mixed_qkv = conv_forward(
+            layer.conv1d,
+            mixed_qkv.transpose(1, 2),
+            cache,
+            layer.layer_idx,
+            activation=layer.activation,
+        )
+    else:
+        mixed_qkv = helpers.causal_conv1d_update(
+            mixed_qkv.transpose(1, 2),
+            cache.get_conv_state(layer.layer_idx, state_idx=0),
+            layer.conv1d.weight.squeeze(1),
+            layer.conv1d.bias,
+            layer.activation,
+        )
     entry = _adopt_state(cache.layers[layer.layer_idx])
     kernel = torch.ops.custom.npu_fused_gdn_decode if patch.kernel is None else patch.kernel
     out = kernel(
