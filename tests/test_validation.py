@@ -515,7 +515,8 @@ def test_nested_tensor_is_pytorchs_not_implemented(name):
 
 @pytest.mark.parametrize("indices,error,message", [
     (torch.tensor([1, 2]), TypeError, "indices must have dtype torch.int32, but got torch.int64"),
-    (torch.tensor([[1, 2]], dtype=torch.int32), ValueError, r"indices must be 1-D, but got shape \[1, 2\]"),
+    (torch.tensor([[1, 2]], dtype=torch.int32), ValueError,
+     r"indices must be 1-D, but got shape \[1, 2\]"),
     (torch.tensor([1, 2], dtype=torch.int32, device="meta"), ValueError,
      "indices must be on cpu, but got meta"),
 ], ids=["int64", "2d", "meta"])
