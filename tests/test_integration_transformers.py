@@ -281,6 +281,33 @@ def test_cache_lengths_match_stock(family):
     assert cache_lengths(ours) == cache_lengths(stock), (cache_lengths(ours), cache_lengths(stock))
 
 
+def assisted_run(model, prompt, patched):
+    """Greedy prompt-lookup decoding: (tokens, cache lengths), or the error generate() raises."""
+    kw = dict(max_new_tokens=16, do_sample=False, prompt_lookup_num_tokens=3,
+              return_dict_in_generate=True)
+    try:
+        if patched:
+            with integ.patch_gdn_decode(model):
+                out = model.generate(prompt, **kw)
+        else:
+            out = model.generate(prompt, **kw)
+    except ValueError as e:  # transformers < 5.25: "not supported with stateful models"
+        return str(e)
+    return out.sequences.tolist(), cache_lengths(out.past_key_values)
+
+
+@needs_tested
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_assisted_generation_as_stock(family):
+    # transformers 5.25 allows assisted (prompt-lookup) decoding for these models; its steps verify
+    # several tokens while the cache records past states, which stay transformers' own code: the
+    # patched model gives stock's tokens and cache lengths (or, before 5.25, stock's refusal).
+    model = make_model(family, torch.bfloat16)
+    base = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1))
+    prompt = base.repeat(1, 3)  # repetitive, so that prompt lookup finds drafts
+    assert assisted_run(model, prompt, patched=True) == assisted_run(model, prompt, patched=False)
+
+
 # (3) a batch of 4 prompts of different lengths, left padded.
 @needs_tested
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
