@@ -51,6 +51,21 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def thp_setting():
+    """The kernel's transparent-huge-page line ("always [madvise] never"), or "unknown"."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def thp_mode():
+    """The setting chosen in that line: "always", "madvise" or "never" (or "unknown")."""
+    line = thp_setting()
+    return line.split("[")[1].split("]")[0] if "[" in line and "]" in line else "unknown"
+
+
 def anon_huge_bytes():
     """This process's anonymous memory in transparent huge pages (0 where Linux does not say)."""
     try:
@@ -134,11 +149,7 @@ def main(argv=None):
                          else last_level_cache_bytes())
     if cache_bytes is None:
         raise SystemExit(f"benchmarks.hugepages: {said}; cannot size the DRAM pools")
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            thp = f.read().strip()
-    except OSError:
-        thp = "unknown"
+    thp = thp_setting()
     print(f"hugepages: the op and rmw from DRAM on a pool of 4 KiB pages vs one of 2 MiB pages, "
           f"interleaved, median per call; H=16 Hv=32 K=V=128; pools sized by {said}; "
           f"transparent_hugepage/enabled: {thp}; {machine_description('cpu')}, "

@@ -42,6 +42,11 @@ def set_check_indices(enabled: bool | None) -> bool | None:
     return old
 
 
+def _check_slots_if_enabled(args):
+    if check_indices_enabled() and not _capturing(args.ssm_state_indices):
+        check_slots(args)
+
+
 def check_indices_enabled() -> bool:
     """Whether the next call checks its slot indices (outside CUDA-graph capture)."""
     if _check_indices is None:
@@ -81,8 +86,7 @@ def fused_gdn_decode_cuda(*args, softplus_threshold=DEFAULT_SOFTPLUS_THRESHOLD):
     args = OpArgs(*args, softplus_threshold)
     with profiler_scope(PROFILER_EVENT):
         torch.ops.custom_ops_internal.check_inputs(*args)
-        if check_indices_enabled() and not _capturing(args.ssm_state_indices):
-            check_slots(args)
+        _check_slots_if_enabled(args)
         return args.call(launch)
 
 
@@ -95,8 +99,7 @@ def fused_gdn_decode_out_cuda(*args, softplus_threshold=DEFAULT_SOFTPLUS_THRESHO
     args = OpArgs(*args, softplus_threshold)
     with profiler_scope(PROFILER_EVENT):
         torch.ops.custom_ops_internal.check_inputs_out(*args, out)
-        if check_indices_enabled() and not _capturing(args.ssm_state_indices):
-            check_slots(args)
+        _check_slots_if_enabled(args)
         args.call(launch, out=out)
         return out
 

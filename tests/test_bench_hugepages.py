@@ -11,17 +11,9 @@ from benchmarks import hugepages
 pytestmark = pytest.mark.skipif(platform.system() != "Linux", reason="madvise and smaps: Linux")
 
 
-def thp_mode():
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            return f.read().split("[")[1].split("]")[0]
-    except (OSError, IndexError):
-        return "unknown"
-
-
 @pytest.fixture
 def thp_on():
-    mode = thp_mode()
+    mode = hugepages.thp_mode()
     if mode not in ("madvise", "always"):
         pytest.skip(f"transparent huge pages are {mode!r} here: no pool can get them")
     return mode

@@ -166,11 +166,9 @@ def test_float16_model_gets_vllms_own_error(vllm_python):
 def test_cache_in_huge_pages_under_thp_mem_alloc_enable(vllm_python):
     # docs/vllm.md: THP_MEM_ALLOC_ENABLE=1 puts vLLM's CPU cache, GDN states included, in 2 MiB
     # pages where the kernel's setting is madvise (and the cache is one torch allocation).
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            mode = f.read().split("[")[1].split("]")[0]
-    except (OSError, IndexError):
-        mode = "unknown"
+    from benchmarks.hugepages import thp_mode
+
+    mode = thp_mode()
     if mode != "madvise":
         pytest.skip(f"transparent huge pages are {mode!r} here, not 'madvise'")
     args = ("run", "--lengths", "5", "--max-tokens", "2")

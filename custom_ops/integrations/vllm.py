@@ -16,9 +16,9 @@ opaque op ``torch.ops.vllm.custom_ops_gdn_attention_core``:
 Layout: vLLM's CPU kernels keep each slot K-major ([Hv][K][V] in memory, ``view(N, Hv, K, V)``);
 our op reads [Hv][V][K]. The plugin owns the pool in [V][K] and transposes slots in place only
 around vLLM's code: around prefill rows, into vLLM's layout the slots with an initial state and
-all their slots back after. vLLM zeroes or overwrites a slot without initial state, so nothing else needs converting. Because the
-pool at rest is not vLLM's CPU layout, an engine with a ``kv_transfer_config`` (KV connectors
-moving states between engines) is refused.
+all their slots back after. vLLM zeroes or overwrites a slot without initial state, so nothing
+else needs converting. Because the pool at rest is not vLLM's CPU layout, an engine with a
+``kv_transfer_config`` (KV connectors moving states between engines) is refused.
 
 ``CUSTOM_OPS_VLLM_CHECK=1`` (the tests): every decode call also runs vLLM's own decode kernel on a
 shadow pool kept in vLLM's layout and compares output and updated state (per-dtype tolerances);
@@ -54,7 +54,8 @@ OP_NAME = "custom_ops_gdn_attention_core"
 
 # Counters of this process (read by the tests and the benchmark).
 STATS = {"decode_calls": 0, "decode_rows": 0, "other_calls": 0, "mixed_calls": 0,
-         "converted_slots": 0, "cuda_decode_calls": 0, "untaken_calls": 0, "checked_calls": 0, "checked_prior_slots": 0, "max_out_diff": 0.0,
+         "converted_slots": 0, "cuda_decode_calls": 0, "untaken_calls": 0, "checked_calls": 0,
+         "checked_prior_slots": 0, "max_out_diff": 0.0,
          "max_state_diff": 0.0, "followed_copies": 0, "mixed_decode_rows": 0,
          "checked_converted_slots": 0}
 
