@@ -100,21 +100,27 @@ constexpr int64_t kPrefetchBytes = 8192;
 //
 // kFp32LeadOne: whether pass one of an fp32 state runs one group ahead of pass two, not two
 // (RowGroups::kLead, which says why). Same bits.
+//
+// kVectorHalfLoads: whether fp16 q and k are widened a block at a time (widen_unit_stride, which
+// says why). Same bits.
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int kGroupRows = 4;
 constexpr bool kSerialRows = false;
 constexpr bool kWidenOnce = true;
 constexpr bool kFp32LeadOne = true;
+constexpr bool kVectorHalfLoads = true;
 #elif defined(CPU_CAPABILITY_AVX2)
 constexpr int kGroupRows = 4;
 constexpr bool kSerialRows = true;
 constexpr bool kWidenOnce = false;
 constexpr bool kFp32LeadOne = false;
+constexpr bool kVectorHalfLoads = true;
 #else
 constexpr int kGroupRows = 1;
 constexpr bool kSerialRows = false;
 constexpr bool kWidenOnce = true;
 constexpr bool kFp32LeadOne = false;
+constexpr bool kVectorHalfLoads = false;
 #endif
 
 // Lanes of the last partial block (K % kBlock elements) that hold real elements: all bits set
@@ -509,6 +515,33 @@ inline float at2(const void* base, int64_t i, int64_t j, int64_t si, int64_t sj)
   return static_cast<float>(static_cast<const T*>(base)[i * si + j * sj]);
 }
 
+// K elements of q or k at unit stride to fp32, in memory order. c10 converts a Half one element
+// at a time (on AVX-512 by a vcvtph2ps of a whole register for each), which GCC leaves scalar;
+// the fp16 state's load widens 16 at once, exactly: on AMD Zen 4 about 70 ns less per (row, head)
+// task with avx512 (3 % of a Qwen3-Next task), while the portable code took 5 % more per call with
+// it and keeps the scalar loop (docs/bench_ab_zen4_fp16_qk.txt). GCC vectorises bf16's widening
+// as written.
+template <typename T>
+void widen_unit_stride(const T* src, int64_t K, float* d) {
+  if constexpr (std::is_same_v<T, c10::Half> && kVectorHalfLoads) {
+    int64_t t = 0;
+    for (; t + kBlock <= K; t += kBlock) {
+      Blk x;
+      StateIo<c10::Half>::load(src + t, x);
+      blk_store(d + t, x);
+    }
+    if (t < K) {
+      Blk x;
+      StateIo<c10::Half>::load(src + t, K - t, x);
+      blk_store(d + t, x);  // up to the padded length, which the caller zeroes past K
+    }
+  } else {
+    for (int64_t t = 0; t < K; ++t) {
+      d[t] = static_cast<float>(src[t]);
+    }
+  }
+}
+
 // q (scaled) and k of key head h of one row of mixed_qkv (`row`, column stride cs), L2-normalised
 // in fp32 into dst[0, Kp) and dst[Kp, 2Kp), zero-padded past K and permuted into the element order
 // of the state loads. The sums of squares go lane-wise over whole blocks in memory order (the
@@ -521,10 +554,8 @@ void normalize_qk(const T* row, int64_t cs, int64_t H, int64_t h, int64_t K, int
   for (int64_t which = 0; which < 2; ++which) {  // 0: q, 1: k
     const T* src = row + (which * H * K + h * K) * cs;
     float* d = dst + which * Kp;
-    if (cs == 1) {  // the usual case: at unit stride GCC vectorises bf16's widening
-      for (int64_t t = 0; t < K; ++t) {
-        d[t] = static_cast<float>(src[t]);
-      }
+    if (cs == 1) {  // the usual case
+      widen_unit_stride(src, K, d);
     } else {
       for (int64_t t = 0; t < K; ++t) {
         d[t] = static_cast<float>(src[t * cs]);
