@@ -53,7 +53,7 @@ constexpr float kNormEps = 1e-6f;
 // The element order StateIo<S>::load produces within one block: order[l] is the memory index of
 // the element in lane l. Found by loading the indices themselves.
 template <typename S>
-void element_order(int64_t order[kBlock]) {
+void element_order(int32_t order[kBlock]) {
   S idx[kBlock];
   for (int64_t e = 0; e < kBlock; ++e) {
     idx[e] = static_cast<S>(static_cast<float>(e));  // exact: e < 2^8
@@ -63,7 +63,7 @@ void element_order(int64_t order[kBlock]) {
   float f[kBlock];
   blk_store(f, b);
   for (int64_t l = 0; l < kBlock; ++l) {
-    order[l] = static_cast<int64_t>(f[l]);
+    order[l] = static_cast<int32_t>(f[l]);
   }
 }
 
@@ -125,7 +125,7 @@ constexpr bool kVectorHalfLoads = false;
 
 // Lanes of the last partial block (K % kBlock elements) that hold real elements: all bits set
 // there, zero in the padding.
-inline Blk tail_mask(const int64_t order[kBlock], int64_t tail) {
+inline Blk tail_mask(const int32_t order[kBlock], int64_t tail) {
   uint32_t bits[kBlock];
   for (int64_t l = 0; l < kBlock; ++l) {
     bits[l] = order[l] < tail ? 0xffffffffu : 0u;
@@ -549,7 +549,7 @@ void widen_unit_stride(const T* src, int64_t K, float* d) {
 // dtype, and no chain of K dependent adds (which took most of this function's time).
 template <typename T>
 void normalize_qk(const T* row, int64_t cs, int64_t H, int64_t h, int64_t K, int64_t Kp,
-                  float scale, const int64_t order[kBlock], bool identity, float* dst) {
+                  float scale, const int32_t order[kBlock], bool identity, float* dst) {
   Blk sumsq[2];
   for (int64_t which = 0; which < 2; ++which) {  // 0: q, 1: k
     const T* src = row + (which * H * K + h * K) * cs;
@@ -578,13 +578,11 @@ void normalize_qk(const T* row, int64_t cs, int64_t H, int64_t h, int64_t K, int
     for (int64_t t = 0; t < K; ++t) {
       d[t] = mul * d[t] / norm;
     }
+    // A bf16 state: one vpermps a block on AVX-512, where a scalar copy of each element took
+    // about 40 ns of a task on AMD Zen 4 (docs/bench_ab_zen4_bf16_qk.txt).
     if (!identity) {
-      float block[kBlock];
       for (int64_t t = 0; t < Kp; t += kBlock) {
-        std::copy(d + t, d + t + kBlock, block);
-        for (int64_t j = 0; j < kBlock; ++j) {
-          d[t + j] = block[order[j]];
-        }
+        blk_store(d + t, blk_permute(blk_load(d + t), order));
       }
     }
   }
@@ -605,7 +603,7 @@ void run_k(const GdnParams& p) {
 
   // q and k are kept in the element order the state loads produce (identity unless StateIo<S>
   // reorders), so that s[t] always meets k[t] and q[t].
-  int64_t order[kBlock];
+  int32_t order[kBlock];
   element_order<S>(order);
   bool identity = true;
   for (int64_t j = 0; j < kBlock; ++j) {

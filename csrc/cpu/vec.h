@@ -62,6 +62,10 @@ inline Blk blk_fmadd(const Blk& a, const Blk& b, const Blk& c) {
   return {_mm512_fmadd_ps(a.v, b.v, c.v)};
 }
 inline Blk blk_and(const Blk& a, const Blk& m) { return {_mm512_and_ps(a.v, m.v)}; }
+// Lane l of the result is lane idx[l] of a (idx: 16 lane numbers).
+inline Blk blk_permute(const Blk& a, const int32_t idx[kBlock]) {
+  return {_mm512_permutexvar_ps(_mm512_loadu_si512(idx), a.v)};
+}
 inline Blk blk_canonical_nan(const Blk& a) {
   const __mmask16 nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
   return {_mm512_mask_mov_ps(a.v, nan, _mm512_set1_ps(kNaN))};
@@ -97,6 +101,17 @@ inline Blk blk_fmadd(const Blk& a, const Blk& b, const Blk& c) {
 }
 inline Blk blk_and(const Blk& a, const Blk& m) {
   return {_mm256_and_ps(a.lo, m.lo), _mm256_and_ps(a.hi, m.hi)};
+}
+inline Blk blk_permute(const Blk& a, const int32_t idx[kBlock]) {
+  // vpermps reads an index's low three bits: each half picks from lo and from hi, then blends
+  // where the index is 8 or more.
+  const auto half = [&a](__m256i i) {
+    const __m256 from_hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(i, _mm256_set1_epi32(7)));
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(a.lo, i), _mm256_permutevar8x32_ps(a.hi, i),
+                            from_hi);
+  };
+  return {half(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx))),
+          half(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + 8)))};
 }
 inline __m256 canonical_nan(__m256 x) {
   return _mm256_blendv_ps(x, _mm256_set1_ps(kNaN), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
@@ -196,6 +211,11 @@ inline Blk blk_and(const Blk& a, const Blk& m) {
   for (int l = 0; l < kBlock; ++l) x[l] &= y[l];
   Blk r;
   std::memcpy(r.x, x, sizeof(x));
+  return r;
+}
+inline Blk blk_permute(const Blk& a, const int32_t idx[kBlock]) {
+  Blk r;
+  for (int l = 0; l < kBlock; ++l) r.x[l] = a.x[idx[l]];
   return r;
 }
 inline Blk blk_canonical_nan(const Blk& a) {

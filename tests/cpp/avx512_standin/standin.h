@@ -207,6 +207,19 @@ inline __m256i permutexvar_epi16(__m256i idx, __m256i a) {
   for (int l = 0; l < 16; ++l) r.v[l] = x.v[i.v[l] & 15];
   return vec(r);
 }
+inline __m512i loadu_si512(const void* p) {
+  I16 r;
+  std::memcpy(r.v, p, sizeof(r.v));
+  return vec(r);
+}
+// vpermps: lane l of the result is lane idx[l] & 15 of a.
+inline __m512 permutexvar_ps(__m512i idx, __m512 a) {
+  const I16 i = lanes(idx);
+  const F16 x = lanes(a);
+  F16 r;
+  for (int l = 0; l < 16; ++l) r.v[l] = x.v[i.v[l] & 15];
+  return vec(r);
+}
 // F16C's scalar conversions have the same rounding as the 512-bit ones.
 inline __m512 cvtph_ps(__m256i a) {
   const W16 x = lanes(a);
@@ -272,6 +285,8 @@ inline __m256i cvtneps_pbh(__m512 a) {
 #undef _mm512_permutexvar_epi16
 #undef _mm512_maskz_permutexvar_epi16
 #undef _mm512_castsi256_si512
+#undef _mm512_loadu_si512
+#undef _mm512_permutexvar_ps
 #define _mm512_setzero_ps standin::setzero_ps
 #define _mm512_set1_ps standin::set1_ps
 #define _mm512_set1_epi32 standin::set1_epi32
@@ -307,3 +322,5 @@ inline __m256i cvtneps_pbh(__m512 a) {
 #define _mm512_permutex2var_epi16 standin::permutex2var_epi16
 #define _mm512_storeu_si512 standin::storeu_si512
 #define _mm512_castsi256_si512 standin::castsi256_si512
+#define _mm512_loadu_si512 standin::loadu_si512
+#define _mm512_permutexvar_ps standin::permutexvar_ps
