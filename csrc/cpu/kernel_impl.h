@@ -578,8 +578,9 @@ void normalize_qk(const T* row, int64_t cs, int64_t H, int64_t h, int64_t K, int
     for (int64_t t = 0; t < K; ++t) {
       d[t] = mul * d[t] / norm;
     }
-    // A bf16 state: one vpermps a block on AVX-512, where a scalar copy of each element took
-    // about 40 ns of a task on AMD Zen 4 (docs/bench_ab_zen4_bf16_qk.txt).
+    // Only a bf16 state's order is not the identity. One vpermps a block on AVX-512, where a
+    // scalar copy of each element took about 40 ns of a task on AMD Zen 4
+    // (docs/bench_ab_zen4_bf16_qk.txt).
     if (!identity) {
       for (int64_t t = 0; t < Kp; t += kBlock) {
         blk_store(d + t, blk_permute(blk_load(d + t), order));
