@@ -17,6 +17,14 @@
 //                    rows in flight in registers (16 of 32); a tail per row as E's
 //   G  A, rounded without a shift: (bits + 0x8000) with bit 16 cleared at a tie, by two ternary
 //                    logic operations and two adds instead of a shift, an and and two adds
+// Layouts with the block loop unrolled by an index sequence, as the kernel's (for_blocks), so that
+// which blocks use the ring is known at compile time:
+//   A' the kernel's layout A in this form (the baseline of those below)
+//   H  A', rounded by a bit-16 test into a mask and a masked add of 1 to bits + 0x7fff
+//   I  A', rounded by bits + (bit 16 ? 0x8000 : 0x7fff), the constant picked by a masked move
+//   J  A' with the ring on even blocks only: pass two widens the odd blocks again
+//   K  the ring on three blocks of four (not the last of each four)
+//   L  the ring on one block of four
 // GCC 12 keeps part of E's and F's "registers" on the stack (objdump): what they show is what the
 // kernel's compiler would make of them.
 // Prints ns and cycles per row of 128 (the clock from a chain of dependent adds). The values are
@@ -69,13 +77,30 @@ __m512i round_high_noshift(__m512 a) {
   return _mm512_ternarylogic_epi32(s, z, _mm512_set1_epi32(0xfffeffff), 0xe0);  // s & (z | c)
 }
 
-// Whether round_high_noshift's high halves equal round_high's for every 32-bit pattern.
+// H: bits + 0x7fff, plus 1 where bit 16 is set (a mask from a test, a masked add).
+__m512i round_high_test_add(__m512 a) {
+  const __m512i b = _mm512_castps_si512(a);
+  const __mmask16 odd = _mm512_test_epi32_mask(b, _mm512_set1_epi32(0x10000));
+  const __m512i t = _mm512_add_epi32(b, _mm512_set1_epi32(0x7fff));
+  return _mm512_mask_add_epi32(t, odd, t, _mm512_set1_epi32(1));
+}
+
+// I: bits + (bit 16 ? 0x8000 : 0x7fff), the constant picked by a masked move.
+__m512i round_high_test_pick(__m512 a) {
+  const __m512i b = _mm512_castps_si512(a);
+  const __mmask16 odd = _mm512_test_epi32_mask(b, _mm512_set1_epi32(0x10000));
+  return _mm512_add_epi32(
+      b, _mm512_mask_mov_epi32(_mm512_set1_epi32(0x7fff), odd, _mm512_set1_epi32(0x8000)));
+}
+
+// Whether f's high halves equal round_high's for every 32-bit pattern.
+template <__m512i (*f)(__m512)>
 bool same_rounding() {
   const __m512i high = _mm512_set1_epi32(0xffff0000), step = _mm512_set1_epi32(16);
   __m512i b = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (uint64_t i = 0; i < (uint64_t{1} << 32); i += 16, b = _mm512_add_epi32(b, step)) {
     const __m512 a = _mm512_castsi512_ps(b);
-    const __m512i d = _mm512_and_si512(_mm512_xor_si512(round_high(a), round_high_noshift(a)), high);
+    const __m512i d = _mm512_and_si512(_mm512_xor_si512(round_high(a), f(a)), high);
     if (_mm512_test_epi32_mask(d, d) != 0) {
       return false;
     }
@@ -91,7 +116,7 @@ __m512 widen_pairs(const uint16_t* p) {
       0xaaaaaaaau, order, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)p))));
 }
 
-template <bool kNoShift = false>
+template <bool kNoShift = false, __m512i (*round)(__m512) = round_high>
 __m512i narrow_pair(__m512 a, __m512 b) {
   const __m512i order = _mm512_set_epi32(
       (63 << 16) | 47, (61 << 16) | 45, (59 << 16) | 43, (57 << 16) | 41, (55 << 16) | 39,
@@ -101,7 +126,7 @@ __m512i narrow_pair(__m512 a, __m512 b) {
   if constexpr (kNoShift) {
     return _mm512_permutex2var_epi16(round_high_noshift(a), order, round_high_noshift(b));
   }
-  return _mm512_permutex2var_epi16(round_high(a), order, round_high(b));
+  return _mm512_permutex2var_epi16(round(a), order, round(b));
 }
 
 // E: groups of kRows rows, pass one one group ahead, the decayed blocks kept in registers from
@@ -284,24 +309,82 @@ __attribute__((noinline)) void run(long groups, float* sink) {
   _mm512_storeu_ps(sink, total);
 }
 
+// A', H, I, J, K, L (above): pass two of group n and pass one of group n + 2, block by block
+// (an index sequence, as the kernel's for_blocks); block b uses the ring where ring_on(b).
+template <__m512i (*round)(__m512), int kRingEvery, int kRingOf>
+__attribute__((noinline)) void run_blocks(long groups, float* sink) {
+  // Block b goes through the ring where b % kRingOf < kRingEvery.
+  const __m512 decay = _mm512_set1_ps(0.9f);
+  __m512 delta[R];
+  for (int r = 0; r < R; ++r) {
+    delta[r] = _mm512_set1_ps(0.01f * (r + 1));
+  }
+  __m512 total = _mm512_setzero_ps();
+  for (long n = 0; n < groups; ++n) {
+    const int cur = n % 3, ahead = (n + 2) % 3;
+    __m512 u[R], acc[R], held[R];
+    for (int r = 0; r < R; ++r) {
+      u[r] = _mm512_setzero_ps();
+      acc[r] = _mm512_setzero_ps();
+    }
+    auto block = [&]<int b>(std::integral_constant<int, b>) __attribute__((always_inline)) {
+      constexpr int t = b * 16;
+      constexpr bool ring_on = b % kRingOf < kRingEvery;
+      const __m512 kb = _mm512_load_ps(kk + t), qb = _mm512_load_ps(qq + t);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        __m512 x = ring_on ? _mm512_load_ps(&ring[cur][r][t])
+                           : _mm512_mul_ps(widen_pairs(&state[cur][r][t]), decay);
+        x = _mm512_fmadd_ps(delta[r], kb, x);
+        acc[r] = _mm512_fmadd_ps(x, qb, acc[r]);
+        if constexpr (b % 2 == 1) {
+          _mm512_storeu_si512(&state[cur][r][t - 16], narrow_pair<false, round>(held[r], x));
+        } else {
+          held[r] = x;
+        }
+        const __m512 y = _mm512_mul_ps(widen_pairs(&state[ahead][r][t]), decay);
+        if constexpr (ring_on) {
+          _mm512_store_ps(&ring[ahead][r][t], y);
+        }
+        u[r] = _mm512_fmadd_ps(y, kb, u[r]);
+      }
+    };
+    [&]<int... I>(std::integer_sequence<int, I...>) __attribute__((always_inline)) {
+      (block(std::integral_constant<int, I>{}), ...);
+    }(std::make_integer_sequence<int, K / 16>{});
+    for (int r = 0; r < R; ++r) {
+      total = _mm512_add_ps(total, _mm512_add_ps(u[r], acc[r]));
+    }
+  }
+  _mm512_storeu_ps(sink, total);
+}
+
 } // namespace
 
 int main() {
   std::printf("G's rounding equals A's for all 2^32 bit patterns: %s\n",
-              same_rounding() ? "yes" : "NO");
+              same_rounding<round_high_noshift>() ? "yes" : "NO");
+  std::printf("H's: %s; I's: %s\n", same_rounding<round_high_test_add>() ? "yes" : "NO",
+              same_rounding<round_high_test_pick>() ? "yes" : "NO");
   for (int i = 0; i < K; ++i) {
     kk[i] = 0.01f * i;
     qq[i] = 0.02f;
   }
   std::fill(&state[0][0][0], &state[0][0][0] + 3 * R * K, uint16_t{0x3f80});  // bf16 1.0
   const char* names[] = {"A ring + pairs (kernel)", "B rewiden + pairs", "C units, no ring",
-                         "D units + ring", "E registers, 2 rows", "E registers, 1 row", "F registers, 1 row, lead 2", "G A, rounding without shift"};
-  void (*layouts[])(long, float*) = {run<0>, run<1>, run<2>, run<3>, run_regs<2>, run_regs<1>, run_regs_lead2, run<4>};
-  const int rows[] = {R, R, R, R, 2, 1, 1, R};
+                         "D units + ring", "E registers, 2 rows", "E registers, 1 row", "F registers, 1 row, lead 2", "G A, rounding without shift",
+                         "A' kernel, block sequence", "H A', test and masked add", "I A', test and masked move",
+                         "J A', ring on even blocks", "K A', ring on 3 of 4", "L A', ring on 1 of 4"};
+  void (*layouts[])(long, float*) = {run<0>, run<1>, run<2>, run<3>, run_regs<2>, run_regs<1>, run_regs_lead2, run<4>,
+                                     run_blocks<round_high, 1, 1>, run_blocks<round_high_test_add, 1, 1>,
+                                     run_blocks<round_high_test_pick, 1, 1>, run_blocks<round_high, 1, 2>,
+                                     run_blocks<round_high, 3, 4>, run_blocks<round_high, 1, 4>};
+  const int rows[] = {R, R, R, R, 2, 1, 1, R, R, R, R, R, R, R};
+  constexpr int kLayouts = sizeof(rows) / sizeof(rows[0]);
   float sink[16];
   const long groups = 200000;
   for (int round = 0; round < 3; ++round) {
-    for (int m = 0; m < 8; ++m) {
+    for (int m = 0; m < kLayouts; ++m) {
       const double before = cycle_ns();
       double best = 1e9;
       for (int k = 0; k < 7; ++k) {
@@ -310,7 +393,7 @@ int main() {
         best = std::min(best, (now() - t) / groups / rows[m] * 1e9);
       }
       const double c = (before + cycle_ns()) / 2;
-      std::printf("%-24s %6.2f ns/row  %5.1f cycles/row  (%.2f GHz)\n", names[m], best, best / c,
+      std::printf("%-28s %6.2f ns/row  %5.1f cycles/row  (%.2f GHz)\n", names[m], best, best / c,
                   1 / c);
     }
   }
