@@ -9,7 +9,8 @@ test sees it. Another is where the prefetches go: next to the loads they serve, 
 group's top in one burst (as GCC schedules __builtin_prefetch). These tests disassemble the
 library's K-specialised AVX-512 row kernels with objdump and fail where an accumulator lives on the
 stack, the prefetches come in bursts or go into L1 rather than L2 (on AMD Zen 4 prefetches into L1
-held the fp32 kernel at 25-56 % of rmw from DRAM, into L2 74-99 %: docs/cpu_kernel.md), or a
+held the fp32 kernel at 25-56 % of rmw from DRAM, into L2 74-99 %: docs/cpu_kernel.md; a 16-bit
+state's kernel adds one into L1, nearer, for each into L2), or a
 prefetch's address is computed into a register instead of being a displacement from the rows'
 base (on Zen 4 an fp32 row took 18 % fewer ns in L1 without the moves and reloads). They read
 the code the compiler made; they do not time it.
@@ -36,6 +37,10 @@ needs_objdump = pytest.mark.skipif(shutil.which("objdump") is None,
 # outside its block loops, which costs little.)
 ROW_KERNEL = re.compile(
     r"AVX512\w*::\(anonymous namespace\)::RowGroups<[^,]+, \d+, (64|128|256),[^>]*>::update\(")
+
+
+# A row kernel of a 16-bit state: RowGroups' first template argument.
+STATE_16BIT = re.compile(r"RowGroups<c10::(?:BFloat16|Half),")
 
 
 def _library():
@@ -112,15 +117,26 @@ def test_the_burst_check_finds_hoisted_prefetches():
     assert prefetch_bursts(hoisted) == hoisted[:4]  # windows from the first four hold 8, 7, 6, 5
 
 
-def prefetches_not_into_l2(body):
-    """Prefetches other than prefetcht1 (into L2)."""
-    return [ins for ins in body if PREFETCH.match(ins) and not ins.startswith("prefetcht1 ")]
+def prefetches_off_plan(body, state_16bit=False):
+    """Prefetches other than the kernel's: prefetcht1 (into L2), and for a 16-bit state as many
+    prefetcht0 (into L1, kNearPrefetchBytes ahead); where those counts differ, every prefetcht0."""
+    into_l2 = [ins for ins in body if ins.startswith("prefetcht1 ")]
+    into_l1 = [ins for ins in body if ins.startswith("prefetcht0 ")] if state_16bit else []
+    other = [ins for ins in body
+             if PREFETCH.match(ins) and ins not in into_l2 and ins not in into_l1]
+    return other + (into_l1 if len(into_l1) != len(into_l2) else [])
 
 
-def test_the_l2_check_finds_other_prefetches():
+def test_the_prefetch_check_finds_other_prefetches():
     body = ["prefetcht1 0x2000(%rcx)", "vmovups 0x40(%rcx),%zmm0", "prefetcht0 0x2040(%rcx)",
             "prefetchw 0x2080(%rcx)", "prefetchnta 0x20c0(%rcx)"]
-    assert prefetches_not_into_l2(body) == body[2:]
+    assert prefetches_off_plan(body) == body[2:]
+    assert prefetches_off_plan(body, state_16bit=True) == body[3:]
+    paired = ["prefetcht1 0x2000(%rcx)", "prefetcht0 0x1800(%rcx)", "vmovups (%rcx),%ymm0"]
+    assert prefetches_off_plan(paired, state_16bit=True) == []
+    assert prefetches_off_plan(paired) == paired[1:2]
+    unpaired = ["prefetcht0 0x1800(%rcx)", "prefetcht0 0x1840(%rcx)", "prefetcht1 0x2000(%rcx)"]
+    assert prefetches_off_plan(unpaired, state_16bit=True) == unpaired[:2]
 
 
 # A prefetch's address as a displacement from a base register alone, as the state loads' are.
@@ -139,14 +155,19 @@ def test_the_address_check_finds_computed_addresses():
     assert prefetches_at_computed_addresses(body) == [body[2], body[3]]
 
 
-def _offenders(check):
-    """(kernels where check(body) finds something, how many kernels, a listing of them)."""
+def _offenders(check, by_state=False):
+    """(kernels where check(body) finds something, how many kernels, a listing of them);
+    by_state: check(body, state_16bit) with whether the kernel's state is 16-bit."""
     lib = _library()
     kernels = _functions(lib, ROW_KERNEL)
     if not kernels:
         pytest.skip(f"no AVX-512 row kernel symbols in {lib} (built with CUSTOM_OPS_NO_AVX512=1, "
                     "or stripped)")
-    found = {name: hits for name, body in kernels if (hits := check(body))}
+    found = {}
+    for name, body in kernels:
+        hits = check(body, STATE_16BIT.search(name) is not None) if by_state else check(body)
+        if hits:
+            found[name] = hits
     listing = "\n".join(f"{len(h)}x in {n}: at {h[0]}" for n, h in found.items())
     return found, len(kernels), listing
 
@@ -166,10 +187,11 @@ def test_avx512_row_kernels_keep_their_accumulators_in_registers():
 
 
 @needs_objdump
-def test_avx512_row_kernels_prefetch_into_l2():
-    other, kernels, listing = _offenders(prefetches_not_into_l2)
+def test_avx512_row_kernels_prefetch_into_l2_and_16bit_states_also_into_l1():
+    other, kernels, listing = _offenders(prefetches_off_plan, by_state=True)
     assert not other, (f"{len(other)} of {kernels} AVX-512 row kernels prefetch other than into "
-                       f"L2 (prefetcht1):\n{listing}")
+                       f"L2 (prefetcht1), and for a 16-bit state one into L1 (prefetcht0) per "
+                       f"prefetch into L2:\n{listing}")
 
 
 @needs_objdump

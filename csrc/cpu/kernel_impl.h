@@ -78,6 +78,15 @@ inline int64_t round_up(int64_t x, int64_t m) {
 // L2 (prefetch_at).
 constexpr int64_t kPrefetchBytes = 8192;
 
+// How far ahead a 16-bit state's pass one also prefetches into L1 (prefetch_line), on AVX-512,
+// which prefetches into L2 kPrefetchBytes ahead: 3 KiB, so a line's prefetch into L1 comes
+// 5 KiB of pass one after the one into L2. 0: none (AVX2 and the portable code).
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int64_t kNearPrefetchBytes = 3072;
+#else
+constexpr int64_t kNearPrefetchBytes = 0;
+#endif
+
 // kGroupRows: rows updated together (one group). A group's scalar tail (horizontal sums, v,
 // deltas, the finite test, the outputs) is one vector step for four rows (Quad) instead of four
 // scalar ones. kSerialRows: whether the group's rows run their block loops one after another
@@ -152,23 +161,39 @@ inline Blk tail_mask(const int32_t order[kBlock], int64_t tail) {
 // AVX2, whose rows run their loops one after another, keeps the builtin into L1: there the asm
 // moved fp32 nearer rmw from DRAM and fp16 further from it on Zen 3
 // (docs/bench_ab_avx2_prefetch.txt).
+// kIntoL1: prefetcht0 instead (AVX-512 only; kNearPrefetchBytes says where).
+template <bool kIntoL1 = false>
 __attribute__((always_inline)) inline void prefetch_at(const void* base, int64_t offset) {
   // Integer arithmetic: the address may lie past the state; a prefetch never faults.
   const uintptr_t a = reinterpret_cast<uintptr_t>(base) + offset;
 #if defined(CPU_CAPABILITY_AVX512)
 #if defined(__OPTIMIZE__)
   if (__builtin_constant_p(offset)) {
-    asm volatile("prefetcht1 %c1(%0)" : : "r"(base), "i"(offset));
+    if constexpr (kIntoL1) {
+      asm volatile("prefetcht0 %c1(%0)" : : "r"(base), "i"(offset));
+    } else {
+      asm volatile("prefetcht1 %c1(%0)" : : "r"(base), "i"(offset));
+    }
     return;
   }
 #endif
-  asm volatile("prefetcht1 %0" : : "m"(*reinterpret_cast<const char*>(a)));
+  if constexpr (kIntoL1) {
+    asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(a)));
+  } else {
+    asm volatile("prefetcht1 %0" : : "m"(*reinterpret_cast<const char*>(a)));
+  }
 #else
   __builtin_prefetch(reinterpret_cast<const void*>(a), 1, 3);
 #endif
 }
 
-// Prefetch the cache line kPrefetchBytes past element `at` of base (in block t), once per line.
+// Prefetch the cache line kPrefetchBytes past element `at` of base (in block t), once per line;
+// for a 16-bit state also the line kNearPrefetchBytes past it, into L1. With the state streaming
+// from DRAM on AMD Zen 4 that brought 16-bit states nearer rmw: one thread bf16 3-9 points,
+// fp16 1-8; two threads up to 9, with rmw at either of its two speeds on that VM (at 6 KiB ahead
+// fp16 was 2-4 points further from it at the slower one); in L1/L2 the same ns per row, in L3 up
+// to 2 % more (docs/bench_ab_zen4_near_prefetch.txt). Not for fp32, where a prefetch into L1
+// 1-2 KiB ahead was 3-7 points further from rmw (docs/bench_ab_zen4_bf16_pairs.txt).
 template <typename S>
 __attribute__((always_inline)) inline void prefetch_line(const S* base, int64_t at, int64_t t) {
   const int64_t offset = at * static_cast<int64_t>(sizeof(S)) + kPrefetchBytes;
@@ -179,6 +204,9 @@ __attribute__((always_inline)) inline void prefetch_line(const S* base, int64_t 
     }
   } else if ((t * static_cast<int64_t>(sizeof(S))) % 64 == 0) {
     prefetch_at(base, offset);
+    if constexpr (kNearPrefetchBytes != 0) {
+      prefetch_at<true>(base, offset - kPrefetchBytes + kNearPrefetchBytes);
+    }
   }
 }
 
