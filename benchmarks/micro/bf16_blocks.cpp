@@ -108,6 +108,13 @@ bool same_rounding() {
   return true;
 }
 
+// Each layout's rows' deltas (row r: 0.01 (r + 1)).
+void set_deltas(__m512* delta, int rows) {
+  for (int r = 0; r < rows; ++r) {
+    delta[r] = _mm512_set1_ps(0.01f * (r + 1));
+  }
+}
+
 __m512 widen_pairs(const uint16_t* p) {
   const __m512i order = _mm512_set_epi32(15 << 16, 13 << 16, 11 << 16, 9 << 16, 7 << 16,
                                          5 << 16, 3 << 16, 1 << 16, 14 << 16, 12 << 16, 10 << 16,
@@ -137,9 +144,7 @@ __attribute__((noinline)) void run_regs(long groups, float* sink) {
   constexpr int NB = K / 16;
   const __m512 decay = _mm512_set1_ps(0.9f);
   __m512 delta[R2];
-  for (int r = 0; r < R2; ++r) {
-    delta[r] = _mm512_set1_ps(0.01f * (r + 1));
-  }
+  set_deltas(delta, R2);
   __m512 total = _mm512_setzero_ps();
   __m512 d[R2][NB];
 #pragma GCC unroll 8
@@ -231,9 +236,7 @@ template <int kLayout>  // 0 A, 1 B, 2 C, 3 D, 4 A without the shift
 __attribute__((noinline)) void run(long groups, float* sink) {
   const __m512 decay = _mm512_set1_ps(0.9f);
   __m512 delta[R];
-  for (int r = 0; r < R; ++r) {
-    delta[r] = _mm512_set1_ps(0.01f * (r + 1));
-  }
+  set_deltas(delta, R);
   __m512 total = _mm512_setzero_ps();
   for (long n = 0; n < groups; ++n) {
     const int cur = n % 3, ahead = (n + 2) % 3;
@@ -310,15 +313,13 @@ __attribute__((noinline)) void run(long groups, float* sink) {
 }
 
 // A', H, I, J, K, L (above): pass two of group n and pass one of group n + 2, block by block
-// (an index sequence, as the kernel's for_blocks); block b uses the ring where ring_on(b).
+// (an index sequence, as the kernel's for_blocks), rounded by `round`; block b goes through the
+// ring where b % kRingOf < kRingEvery.
 template <__m512i (*round)(__m512), int kRingEvery, int kRingOf>
 __attribute__((noinline)) void run_blocks(long groups, float* sink) {
-  // Block b goes through the ring where b % kRingOf < kRingEvery.
   const __m512 decay = _mm512_set1_ps(0.9f);
   __m512 delta[R];
-  for (int r = 0; r < R; ++r) {
-    delta[r] = _mm512_set1_ps(0.01f * (r + 1));
-  }
+  set_deltas(delta, R);
   __m512 total = _mm512_setzero_ps();
   for (long n = 0; n < groups; ++n) {
     const int cur = n % 3, ahead = (n + 2) % 3;
