@@ -117,26 +117,48 @@ def test_the_burst_check_finds_hoisted_prefetches():
     assert prefetch_bursts(hoisted) == hoisted[:4]  # windows from the first four hold 8, 7, 6, 5
 
 
+# How much nearer a 16-bit state's prefetch into L1 is than its prefetch into L2 of the same line
+# (csrc/cpu/kernel_impl.h: kPrefetchBytes - kNearPrefetchBytes).
+NEAR_BEHIND = 8192 - 3072
+OPERAND = re.compile(r"^prefetcht[01]\s+(-?0x[0-9a-f]+)\((%r\w+)\)$")
+
+
 def prefetches_off_plan(body, state_16bit=False):
-    """Prefetches other than the kernel's: prefetcht1 (into L2), and for a 16-bit state as many
-    prefetcht0 (into L1, kNearPrefetchBytes ahead); where those counts differ, every prefetcht0."""
+    """Prefetches other than the kernel's: prefetcht1 (into L2), and for a 16-bit state a
+    prefetcht0 (into L1) NEAR_BEHIND bytes before each, from the same base register; for a 16-bit
+    state, also every prefetcht1 without its prefetcht0 and every prefetcht0 without its prefetcht1."""
+    def operand(ins):
+        m = OPERAND.match(ins)
+        return (int(m.group(1), 16), m.group(2)) if m else None
+
     into_l2 = [ins for ins in body if ins.startswith("prefetcht1 ")]
     into_l1 = [ins for ins in body if ins.startswith("prefetcht0 ")] if state_16bit else []
     other = [ins for ins in body
              if PREFETCH.match(ins) and ins not in into_l2 and ins not in into_l1]
-    return other + (into_l1 if len(into_l1) != len(into_l2) else [])
+    if not state_16bit:
+        return other
+    far = {operand(ins) for ins in into_l2}
+    near = {operand(ins) for ins in into_l1}
+    lone_l1 = [ins for ins in into_l1 if (o := operand(ins)) is None
+               or (o[0] + NEAR_BEHIND, o[1]) not in far]
+    lone_l2 = [ins for ins in into_l2 if (o := operand(ins)) is None
+               or (o[0] - NEAR_BEHIND, o[1]) not in near]
+    return other + lone_l1 + lone_l2
 
 
 def test_the_prefetch_check_finds_other_prefetches():
     body = ["prefetcht1 0x2000(%rcx)", "vmovups 0x40(%rcx),%zmm0", "prefetcht0 0x2040(%rcx)",
             "prefetchw 0x2080(%rcx)", "prefetchnta 0x20c0(%rcx)"]
     assert prefetches_off_plan(body) == body[2:]
-    assert prefetches_off_plan(body, state_16bit=True) == body[3:]
-    paired = ["prefetcht1 0x2000(%rcx)", "prefetcht0 0x1800(%rcx)", "vmovups (%rcx),%ymm0"]
+    # 16-bit: 0x2040 has no prefetcht1 at 0x3440, 0x2000 no prefetcht0 at 0xc00
+    assert prefetches_off_plan(body, state_16bit=True) == body[3:] + body[2:3] + body[:1]
+    paired = ["prefetcht1 0x2000(%rcx)", "prefetcht0 0xc00(%rcx)", "vmovups (%rcx),%ymm0",
+              "prefetcht1 0x2100(%rcx)", "prefetcht0 0xd00(%rcx)"]
     assert prefetches_off_plan(paired, state_16bit=True) == []
-    assert prefetches_off_plan(paired) == paired[1:2]
-    unpaired = ["prefetcht0 0x1800(%rcx)", "prefetcht0 0x1840(%rcx)", "prefetcht1 0x2000(%rcx)"]
-    assert prefetches_off_plan(unpaired, state_16bit=True) == unpaired[:2]
+    assert prefetches_off_plan(paired) == [paired[1], paired[4]]
+    wrong = ["prefetcht1 0x2000(%rcx)", "prefetcht0 0x1800(%rcx)",  # 2 KiB nearer, not 5
+             "prefetcht1 0x2100(%rcx)", "prefetcht0 0xd00(%rdx)"]  # another base register
+    assert prefetches_off_plan(wrong, state_16bit=True) == [wrong[1], wrong[3], wrong[0], wrong[2]]
 
 
 # A prefetch's address as a displacement from a base register alone, as the state loads' are.
