@@ -41,6 +41,11 @@ if [ "$WITH_TEST_DEPS" = 1 ]; then
   # bring another torch.
   if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
     "$PYTHON" -m pip install -q --no-deps "triton==${TRITON_VERSION:-3.9.0}"
+    # FLA's Triton kernels, which the tests compare with ours through the interpreter in a process
+    # of their own (tests/test_triton_device.py): into .cache/fla, not this environment, where
+    # transformers' Qwen3-Next would take FLA's kernels, which need a GPU. Offline, that test skips.
+    "$PYTHON" -m pip install -q --no-deps --upgrade --target .cache/fla "fla-core==0.6.0" einops \
+      || echo "build_and_install: fla-core not fetched"
   fi
   # The torch-npu wheels (torchair's Python, headers, libtorch_npu.so's symbols) for the graph-mode
   # and ABI tests: downloaded once into .cache/torch_npu/, never installed. Offline, those tests

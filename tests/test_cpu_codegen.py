@@ -126,7 +126,8 @@ OPERAND = re.compile(r"^prefetcht[01]\s+(-?0x[0-9a-f]+)\((%r\w+)\)$")
 def prefetches_off_plan(body, state_16bit=False):
     """Prefetches other than the kernel's: prefetcht1 (into L2), and for a 16-bit state a
     prefetcht0 (into L1) NEAR_BEHIND bytes before each, from the same base register; for a 16-bit
-    state, also every prefetcht1 without its prefetcht0 and every prefetcht0 without its prefetcht1."""
+    state, also every prefetcht1 without its prefetcht0 and every prefetcht0 without its
+    prefetcht1."""
     def operand(ins):
         m = OPERAND.match(ins)
         return (int(m.group(1), 16), m.group(2)) if m else None
