@@ -391,7 +391,8 @@ def test_compiled_equals_eager_on_cuda(mode):
 
 # Where build_and_install.sh --with-test-deps puts fla-core: outside the environment, because with
 # fla importable transformers' Qwen3-Next takes FLA's kernels, which need a GPU.
-FLA_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "fla"
+ROOT = Path(__file__).resolve().parent.parent
+FLA_CACHE = ROOT / ".cache" / "fla"
 
 
 @needs_interpreter
@@ -407,10 +408,9 @@ def test_fla_agrees_with_reference_in_a_process_of_its_own():
     env = dict(os.environ, TRITON_INTERPRET="1",
                PYTHONPATH=os.pathsep.join(p for p in (str(FLA_CACHE),
                                                       os.environ.get("PYTHONPATH")) if p))
-    root = Path(__file__).resolve().parent.parent
     node = f"tests/{Path(__file__).name}::test_fla_agrees_with_reference"
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             "-k", "interpreter", node], cwd=root, env=env,
+                             "-k", "interpreter", node], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=900)
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     assert result.returncode == 0 and summary.startswith("4 passed"), (

@@ -232,19 +232,33 @@ __attribute__((noinline)) void run_regs_lead2(long groups, float* sink) {
   _mm512_storeu_ps(sink, total);
 }
 
-template <int kLayout>  // 0 A, 1 B, 2 C, 3 D, 4 A without the shift
-__attribute__((noinline)) void run(long groups, float* sink) {
+// The loop of the four-row layouts (A to D, A' to L): group n's pass two on ring and state slot
+// n % 3 and pass one of group n + 2 on slot (n + 2) % 3, by `step`, with u and acc zeroed before
+// it and summed after, so that the work stays live.
+template <typename Step>
+__attribute__((always_inline)) inline void each_group(long groups, float* sink, Step&& step) {
   const __m512 decay = _mm512_set1_ps(0.9f);
   __m512 delta[R];
   set_deltas(delta, R);
   __m512 total = _mm512_setzero_ps();
   for (long n = 0; n < groups; ++n) {
-    const int cur = n % 3, ahead = (n + 2) % 3;
     __m512 u[R], acc[R];
     for (int r = 0; r < R; ++r) {
       u[r] = _mm512_setzero_ps();
       acc[r] = _mm512_setzero_ps();
     }
+    step(static_cast<int>(n % 3), static_cast<int>((n + 2) % 3), decay, delta, u, acc);
+    for (int r = 0; r < R; ++r) {
+      total = _mm512_add_ps(total, _mm512_add_ps(u[r], acc[r]));
+    }
+  }
+  _mm512_storeu_ps(sink, total);
+}
+
+template <int kLayout>  // 0 A, 1 B, 2 C, 3 D, 4 A without the shift
+__attribute__((noinline)) void run(long groups, float* sink) {
+  each_group(groups, sink, [&](int cur, int ahead, __m512 decay, const __m512(&delta)[R],
+                               __m512(&u)[R], __m512(&acc)[R]) __attribute__((always_inline)) {
     if constexpr (kLayout <= 1 || kLayout == 4) {
       __m512 held[R];
 #pragma GCC unroll 8
@@ -305,11 +319,7 @@ __attribute__((noinline)) void run(long groups, float* sink) {
         }
       }
     }
-    for (int r = 0; r < R; ++r) {
-      total = _mm512_add_ps(total, _mm512_add_ps(u[r], acc[r]));
-    }
-  }
-  _mm512_storeu_ps(sink, total);
+  });
 }
 
 // A', H, I, J, K, L (above): pass two of group n and pass one of group n + 2, block by block
@@ -317,17 +327,9 @@ __attribute__((noinline)) void run(long groups, float* sink) {
 // ring where b % kRingOf < kRingEvery.
 template <__m512i (*round)(__m512), int kRingEvery, int kRingOf>
 __attribute__((noinline)) void run_blocks(long groups, float* sink) {
-  const __m512 decay = _mm512_set1_ps(0.9f);
-  __m512 delta[R];
-  set_deltas(delta, R);
-  __m512 total = _mm512_setzero_ps();
-  for (long n = 0; n < groups; ++n) {
-    const int cur = n % 3, ahead = (n + 2) % 3;
-    __m512 u[R], acc[R], held[R];
-    for (int r = 0; r < R; ++r) {
-      u[r] = _mm512_setzero_ps();
-      acc[r] = _mm512_setzero_ps();
-    }
+  each_group(groups, sink, [&](int cur, int ahead, __m512 decay, const __m512(&delta)[R],
+                               __m512(&u)[R], __m512(&acc)[R]) __attribute__((always_inline)) {
+    __m512 held[R];
     auto block = [&]<int b>(std::integral_constant<int, b>) __attribute__((always_inline)) {
       constexpr int t = b * 16;
       constexpr bool ring_on = b % kRingOf < kRingEvery;
@@ -353,11 +355,7 @@ __attribute__((noinline)) void run_blocks(long groups, float* sink) {
     [&]<int... I>(std::integer_sequence<int, I...>) __attribute__((always_inline)) {
       (block(std::integral_constant<int, I>{}), ...);
     }(std::make_integer_sequence<int, K / 16>{});
-    for (int r = 0; r < R; ++r) {
-      total = _mm512_add_ps(total, _mm512_add_ps(u[r], acc[r]));
-    }
-  }
-  _mm512_storeu_ps(sink, total);
+  });
 }
 
 } // namespace

@@ -196,16 +196,16 @@ __attribute__((always_inline)) inline void prefetch_at(const void* base, int64_t
 // 1-2 KiB ahead was 3-7 points further from rmw (docs/bench_ab_zen4_bf16_pairs.txt).
 template <typename S>
 __attribute__((always_inline)) inline void prefetch_line(const S* base, int64_t at, int64_t t) {
-  const int64_t offset = at * static_cast<int64_t>(sizeof(S)) + kPrefetchBytes;
+  const int64_t here = at * static_cast<int64_t>(sizeof(S));
   constexpr int64_t kBlockBytes = kBlock * sizeof(S);
   if constexpr (kBlockBytes >= 64) {
     for (int64_t b = 0; b < kBlockBytes; b += 64) {
-      prefetch_at(base, offset + b);
+      prefetch_at(base, here + kPrefetchBytes + b);
     }
   } else if ((t * static_cast<int64_t>(sizeof(S))) % 64 == 0) {
-    prefetch_at(base, offset);
+    prefetch_at(base, here + kPrefetchBytes);
     if constexpr (kNearPrefetchBytes != 0) {
-      prefetch_at<true>(base, offset - kPrefetchBytes + kNearPrefetchBytes);
+      prefetch_at<true>(base, here + kNearPrefetchBytes);
     }
   }
 }
