@@ -56,6 +56,13 @@ alignas(64) char buf[1 << 14];
 #define FMA_SRL(i) FMA(i) "vpsrld $16, %%zmm30, %%zmm1" #i "\n\t"
 #define FMA_ADD(i) FMA(i) "vpaddd %%zmm30, %%zmm31, %%zmm1" #i "\n\t"
 #define PERMW_SRL(i) "vpermw %%zmm30, %%zmm31, %%zmm" #i "\n\t" "vpsrld $16, %%zmm30, %%zmm1" #i "\n\t"
+#define FMA_PH2PS(i) FMA(i) "vcvtph2ps %%ymm30, %%zmm1" #i "\n\t"
+#define FMA_PS2PH(i) FMA(i) "vcvtps2ph $0, %%zmm30, %%ymm1" #i "\n\t"
+#define PERMW_PH2PS(i) PERMW(i) "vcvtph2ps %%ymm30, %%zmm1" #i "\n\t"
+#define PERMW_PS2PH(i) PERMW(i) "vcvtps2ph $0, %%zmm30, %%ymm1" #i "\n\t"
+#define ADD_PH2PS(i) ADD(i) "vcvtph2ps %%ymm30, %%zmm1" #i "\n\t"
+#define PERMW_ADD(i) PERMW(i) "vpaddd %%zmm30, %%zmm31, %%zmm1" #i "\n\t"
+#define FMA_PERMW_ADD(i) FMA_PERMW(i) "vpaddd %%zmm30, %%zmm31, %%zmm2" #i "\n\t"
 #define ST64(i) "vmovups %%zmm" #i ", " #i "*64(%0)\n\t"
 #define ST32(i) "vmovups %%ymm" #i ", " #i "*64(%0)\n\t"
 #define LD64(i) "vmovups " #i "*64+4096(%0), %%zmm" #i "\n\t"
@@ -77,6 +84,13 @@ BODY(fma_permw, X8(FMA_PERMW))
 BODY(fma_srl, X8(FMA_SRL))
 BODY(fma_add, X8(FMA_ADD))
 BODY(permw_srl, X8(PERMW_SRL))
+BODY(fma_ph2ps, X8(FMA_PH2PS))
+BODY(fma_ps2ph, X8(FMA_PS2PH))
+BODY(permw_ph2ps, X8(PERMW_PH2PS))
+BODY(permw_ps2ph, X8(PERMW_PS2PH))
+BODY(add_ph2ps, X8(ADD_PH2PS))
+BODY(permw_add, X8(PERMW_ADD))
+BODY(fma_permw_add, X8(FMA_PERMW_ADD))
 BODY(st64, X8(ST64))
 BODY(st32, X8(ST32))
 BODY(ld64, X8(LD64))
@@ -104,6 +118,13 @@ int main() {
                {"vfmadd + vpsrld (pair)", fma_srl},
                {"vfmadd + vpaddd (pair)", fma_add},
                {"vpermw + vpsrld (pair)", permw_srl},
+               {"vfmadd + vcvtph2ps (pair)", fma_ph2ps},
+               {"vfmadd + vcvtps2ph (pair)", fma_ps2ph},
+               {"vpermw + vcvtph2ps (pair)", permw_ph2ps},
+               {"vpermw + vcvtps2ph (pair)", permw_ps2ph},
+               {"vpaddd + vcvtph2ps (pair)", add_ph2ps},
+               {"vpermw + vpaddd (pair)", permw_add},
+               {"vfmadd + vpermw + vpaddd", fma_permw_add},
                {"store zmm (L1)", st64},
                {"store ymm (L1)", st32},
                {"load zmm (L1)", ld64},
