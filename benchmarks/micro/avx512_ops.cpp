@@ -63,6 +63,16 @@ alignas(64) char buf[1 << 14];
 #define ADD_PH2PS(i) ADD(i) "vcvtph2ps %%ymm30, %%zmm1" #i "\n\t"
 #define PERMW_ADD(i) PERMW(i) "vpaddd %%zmm30, %%zmm31, %%zmm1" #i "\n\t"
 #define FMA_PERMW_ADD(i) FMA_PERMW(i) "vpaddd %%zmm30, %%zmm31, %%zmm2" #i "\n\t"
+#define TESTM(i) "vptestmd %%zmm30, %%zmm31, %%k" #i "\n\t"
+#define TERN(i) "vpternlogd $0xca, %%zmm30, %%zmm31, %%zmm" #i "\n\t"
+#define BLENDM(i) "vpblendmd %%zmm30, %%zmm31, %%zmm" #i "%{%%k1%}\n\t"
+#define ADDM(i) "vpaddd %%zmm30, %%zmm31, %%zmm" #i "%{%%k1%}\n\t"
+#define FMA_TESTM(i) FMA(i) "vptestmd %%zmm30, %%zmm31, %%k" #i "\n\t"
+#define PERMW_TESTM(i) PERMW(i) "vptestmd %%zmm30, %%zmm31, %%k" #i "\n\t"
+#define FMA_TERN(i) FMA(i) "vpternlogd $0xca, %%zmm30, %%zmm31, %%zmm1" #i "\n\t"
+#define PERMW_TERN(i) PERMW(i) "vpternlogd $0xca, %%zmm30, %%zmm31, %%zmm1" #i "\n\t"
+#define PERMW_BLENDM(i) PERMW(i) "vpblendmd %%zmm30, %%zmm31, %%zmm1" #i "%{%%k1%}\n\t"
+#define FMA_BLENDM(i) FMA(i) "vpblendmd %%zmm30, %%zmm31, %%zmm1" #i "%{%%k1%}\n\t"
 #define ST64(i) "vmovups %%zmm" #i ", " #i "*64(%0)\n\t"
 #define ST32(i) "vmovups %%ymm" #i ", " #i "*64(%0)\n\t"
 #define LD64(i) "vmovups " #i "*64+4096(%0), %%zmm" #i "\n\t"
@@ -91,6 +101,16 @@ BODY(permw_ps2ph, X8(PERMW_PS2PH))
 BODY(add_ph2ps, X8(ADD_PH2PS))
 BODY(permw_add, X8(PERMW_ADD))
 BODY(fma_permw_add, X8(FMA_PERMW_ADD))
+BODY(testm, X8(TESTM))
+BODY(tern, X8(TERN))
+BODY(blendm, X8(BLENDM))
+BODY(addm, X8(ADDM))
+BODY(fma_testm, X8(FMA_TESTM))
+BODY(permw_testm, X8(PERMW_TESTM))
+BODY(fma_tern, X8(FMA_TERN))
+BODY(permw_tern, X8(PERMW_TERN))
+BODY(permw_blendm, X8(PERMW_BLENDM))
+BODY(fma_blendm, X8(FMA_BLENDM))
 BODY(st64, X8(ST64))
 BODY(st32, X8(ST32))
 BODY(ld64, X8(LD64))
@@ -125,6 +145,16 @@ int main() {
                {"vpaddd + vcvtph2ps (pair)", add_ph2ps},
                {"vpermw + vpaddd (pair)", permw_add},
                {"vfmadd + vpermw + vpaddd", fma_permw_add},
+               {"vptestmd zmm -> k", testm},
+               {"vpternlogd zmm", tern},
+               {"vpblendmd zmm {k}", blendm},
+               {"vpaddd zmm {k}", addm},
+               {"vfmadd + vptestmd (pair)", fma_testm},
+               {"vpermw + vptestmd (pair)", permw_testm},
+               {"vfmadd + vpternlogd (pair)", fma_tern},
+               {"vpermw + vpternlogd (pair)", permw_tern},
+               {"vfmadd + vpblendmd (pair)", fma_blendm},
+               {"vpermw + vpblendmd (pair)", permw_blendm},
                {"store zmm (L1)", st64},
                {"store ymm (L1)", st32},
                {"load zmm (L1)", ld64},
