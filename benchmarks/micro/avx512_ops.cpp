@@ -27,7 +27,7 @@ alignas(64) char buf[1 << 14];
   "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",      \
       "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", \
       "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", \
-      "xmm31", "memory"
+      "xmm31", "k2", "memory"
 // A timed loop of one asm body; ns per iteration.
 #define BODY(NAME, INSTRS)                             \
   double NAME(long n) {                                \
@@ -63,12 +63,13 @@ alignas(64) char buf[1 << 14];
 #define ADD_PH2PS(i) ADD(i) "vcvtph2ps %%ymm30, %%zmm1" #i "\n\t"
 #define PERMW_ADD(i) PERMW(i) "vpaddd %%zmm30, %%zmm31, %%zmm1" #i "\n\t"
 #define FMA_PERMW_ADD(i) FMA_PERMW(i) "vpaddd %%zmm30, %%zmm31, %%zmm2" #i "\n\t"
-#define TESTM(i) "vptestmd %%zmm30, %%zmm31, %%k" #i "\n\t"
+// The tests all write k2: k1 is the permutes' mask, and a test writing it would chain them.
+#define TESTM(i) "vptestmd %%zmm30, %%zmm31, %%k2\n\t"
 #define TERN(i) "vpternlogd $0xca, %%zmm30, %%zmm31, %%zmm" #i "\n\t"
 #define BLENDM(i) "vpblendmd %%zmm30, %%zmm31, %%zmm" #i "%{%%k1%}\n\t"
 #define ADDM(i) "vpaddd %%zmm30, %%zmm31, %%zmm" #i "%{%%k1%}\n\t"
-#define FMA_TESTM(i) FMA(i) "vptestmd %%zmm30, %%zmm31, %%k" #i "\n\t"
-#define PERMW_TESTM(i) PERMW(i) "vptestmd %%zmm30, %%zmm31, %%k" #i "\n\t"
+#define FMA_TESTM(i) FMA(i) TESTM(i)
+#define PERMW_TESTM(i) PERMW(i) TESTM(i)
 #define FMA_TERN(i) FMA(i) "vpternlogd $0xca, %%zmm30, %%zmm31, %%zmm1" #i "\n\t"
 #define PERMW_TERN(i) PERMW(i) "vpternlogd $0xca, %%zmm30, %%zmm31, %%zmm1" #i "\n\t"
 #define PERMW_BLENDM(i) PERMW(i) "vpblendmd %%zmm30, %%zmm31, %%zmm1" #i "%{%%k1%}\n\t"

@@ -84,7 +84,7 @@ void task_g(char* t, __m512i z) {
 
 // The ring: three slots of four widened rows, each a block longer than its rows, as the kernel's
 // (so that the slot pass one writes is never a multiple of 4 KiB from the one pass two reads), at
-// an offset from a 4 KiB boundary (a third argument, in bytes).
+// an offset from a 4 KiB boundary (a third argument, in bytes, rounded down to a multiple of 64).
 constexpr int kRingSlot = 4 * K + 16;
 float* ring_base;
 inline float* ring(int g, int r, int t) {
@@ -103,29 +103,26 @@ __attribute__((always_inline)) inline void one_block(char* t, int g, int b, Acc&
   const __m512i widen = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
                                          24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
                                          16, 0);
-  {
-    #pragma GCC unroll 16
-    for (int r = 0; r < 4; ++r) {
-      char* l = t + (g + r) * RowBytes + b * 32;
-      if (b % 2 == 0) prefetch_both<Pf>(l);
-      const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(l));
-      if constexpr (Mode == 3) {
-        _mm512_store_ps(ring(g, r, b * 16),
-                        _mm512_castsi512_ps(_mm512_castsi256_si512(h)));
-      } else if constexpr (Mode == 4) {
-        acc.u[r] = _mm512_or_ps(acc.u[r], _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(
-                                              0xaaaaaaaa, widen, _mm512_castsi256_si512(h))));
-      } else if constexpr (Mode >= 1) {
-        __m512 w = _mm512_castsi512_ps(
-            _mm512_maskz_permutexvar_epi16(0xaaaaaaaa, widen, _mm512_castsi256_si512(h)));
-        if constexpr (Mode == 2) {
-          w = _mm512_mul_ps(w, eg);
-          acc.u[r] = _mm512_fmadd_ps(w, _mm512_load_ps(&kk[b * 16]), acc.u[r]);
-        }
-        _mm512_store_ps(ring(g, r, b * 16), w);
-      } else {
-        acc.u[r] = _mm512_or_ps(acc.u[r], _mm512_castsi512_ps(_mm512_castsi256_si512(h)));
+  #pragma GCC unroll 16
+  for (int r = 0; r < 4; ++r) {
+    char* l = t + (g + r) * RowBytes + b * 32;
+    if (b % 2 == 0) prefetch_both<Pf>(l);
+    const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(l));
+    if constexpr (Mode == 3) {
+      _mm512_store_ps(ring(g, r, b * 16), _mm512_castsi512_ps(_mm512_castsi256_si512(h)));
+    } else if constexpr (Mode == 4) {
+      acc.u[r] = _mm512_or_ps(acc.u[r], _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(
+                                            0xaaaaaaaa, widen, _mm512_castsi256_si512(h))));
+    } else if constexpr (Mode >= 1) {
+      __m512 w = _mm512_castsi512_ps(
+          _mm512_maskz_permutexvar_epi16(0xaaaaaaaa, widen, _mm512_castsi256_si512(h)));
+      if constexpr (Mode == 2) {
+        w = _mm512_mul_ps(w, eg);
+        acc.u[r] = _mm512_fmadd_ps(w, _mm512_load_ps(&kk[b * 16]), acc.u[r]);
       }
+      _mm512_store_ps(ring(g, r, b * 16), w);
+    } else {
+      acc.u[r] = _mm512_or_ps(acc.u[r], _mm512_castsi512_ps(_mm512_castsi256_si512(h)));
     }
   }
 }
@@ -137,37 +134,34 @@ __attribute__((always_inline)) inline void two_pair(char* t, int g, int b, __m51
                                         35, 33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7,
                                         5, 3, 1);
   const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-  {
-    #pragma GCC unroll 16
-    for (int r = 0; r < 4; ++r) {
-      auto* p = reinterpret_cast<__m512i*>(t + (g + r) * RowBytes + b * 32);
-      if constexpr (Mode == 3) {
-        const __m512i lo = _mm512_castps_si512(_mm512_load_ps(ring(g, r, b * 16)));
-        const __m512i hi =
-            _mm512_castps_si512(_mm512_load_ps(ring(g, r, b * 16 + 16)));
-        _mm512_store_si512(p, _mm512_or_si512(lo, hi));
-      } else if constexpr (Mode == 4) {
-        const __m512i x = _mm512_or_si512(_mm512_load_si512(p), z);
-        _mm512_store_si512(p, _mm512_permutex2var_epi16(x, pick, x));
-      } else if constexpr (Mode >= 1) {
-        __m512i bits[2];
-        #pragma GCC unroll 16
-        for (int i = 0; i < 2; ++i) {
-          const __m512 d = _mm512_load_ps(ring(g, r, b * 16 + 16 * i));
-          if constexpr (Mode == 2) {
-            const __m512 s = _mm512_fmadd_ps(delta, _mm512_load_ps(&kk[b * 16 + 16 * i]), d);
-            acc.y[r] = _mm512_fmadd_ps(s, _mm512_load_ps(&qq[b * 16 + 16 * i]), acc.y[r]);
-            const __m512i x = _mm512_castps_si512(s);
-            bits[i] = _mm512_add_epi32(
-                _mm512_add_epi32(x, half), _mm512_and_si512(_mm512_srli_epi32(x, 16), one));
-          } else {
-            bits[i] = _mm512_or_si512(_mm512_castps_si512(d), z);
-          }
+  #pragma GCC unroll 16
+  for (int r = 0; r < 4; ++r) {
+    auto* p = reinterpret_cast<__m512i*>(t + (g + r) * RowBytes + b * 32);
+    if constexpr (Mode == 3) {
+      const __m512i lo = _mm512_castps_si512(_mm512_load_ps(ring(g, r, b * 16)));
+      const __m512i hi = _mm512_castps_si512(_mm512_load_ps(ring(g, r, b * 16 + 16)));
+      _mm512_store_si512(p, _mm512_or_si512(lo, hi));
+    } else if constexpr (Mode == 4) {
+      const __m512i x = _mm512_or_si512(_mm512_load_si512(p), z);
+      _mm512_store_si512(p, _mm512_permutex2var_epi16(x, pick, x));
+    } else if constexpr (Mode >= 1) {
+      __m512i bits[2];
+      #pragma GCC unroll 16
+      for (int i = 0; i < 2; ++i) {
+        const __m512 d = _mm512_load_ps(ring(g, r, b * 16 + 16 * i));
+        if constexpr (Mode == 2) {
+          const __m512 s = _mm512_fmadd_ps(delta, _mm512_load_ps(&kk[b * 16 + 16 * i]), d);
+          acc.y[r] = _mm512_fmadd_ps(s, _mm512_load_ps(&qq[b * 16 + 16 * i]), acc.y[r]);
+          const __m512i x = _mm512_castps_si512(s);
+          bits[i] = _mm512_add_epi32(
+              _mm512_add_epi32(x, half), _mm512_and_si512(_mm512_srli_epi32(x, 16), one));
+        } else {
+          bits[i] = _mm512_or_si512(_mm512_castps_si512(d), z);
         }
-        _mm512_store_si512(p, _mm512_permutex2var_epi16(bits[0], pick, bits[1]));
-      } else {
-        _mm512_store_si512(p, _mm512_or_si512(_mm512_load_si512(p), z));
       }
+      _mm512_store_si512(p, _mm512_permutex2var_epi16(bits[0], pick, bits[1]));
+    } else {
+      _mm512_store_si512(p, _mm512_or_si512(_mm512_load_si512(p), z));
     }
   }
 }
@@ -217,10 +211,11 @@ int main(int argc, char** argv) {
   const size_t bytes = pool_slots * SlotBytes;
   char* pool = static_cast<char*>(std::aligned_alloc(4096, bytes));
   std::memset(pool, 1, bytes);
-  const size_t ring_offset = argc > 3 ? std::atoi(argv[3]) : 0;
+  const size_t ring_offset = argc > 3 ? std::atoi(argv[3]) % 4096 / 64 * 64 : 0;
+  // Whole pages (aligned_alloc's rule), room for the offset.
+  const size_t ring_bytes = (sizeof(float) * 3 * kRingSlot + 4095) / 4096 * 4096 + 4096;
   ring_base = reinterpret_cast<float*>(
-      static_cast<char*>(std::aligned_alloc(4096, 8192 + sizeof(float) * 3 * kRingSlot)) +
-      ring_offset);
+      static_cast<char*>(std::aligned_alloc(4096, ring_bytes)) + ring_offset);
   std::vector<int> order(pool_slots);
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), std::mt19937(1));
