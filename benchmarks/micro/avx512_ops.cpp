@@ -5,21 +5,15 @@
 // for the kernel; see docs/cpu_kernel.md. Needs AVX-512 F/BW/VL and AVX512-BF16:
 //
 //   g++ -O2 -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -o /tmp/avx512_ops benchmarks/micro/avx512_ops.cpp && /tmp/avx512_ops
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 
-#include "../../csrc/core_clock.h"
+#include "micro.h"
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// ns per cycle, from csrc/core_clock.h's chain of dependent adds.
-double cycle_ns() { return 1 / custom_ops::core_clock_ghz(); }
+using micro::cycle_ns;
+using micro::now;
 
 alignas(64) char buf[1 << 14];
 

@@ -35,12 +35,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <utility>
 
-#include "../../csrc/core_clock.h"
+#include "micro.h"
 
 namespace {
 
@@ -49,20 +48,10 @@ alignas(64) uint16_t state[3][R][K];  // three groups of rows: pass two's and pa
 alignas(64) float ring[3][R][K + 16];
 alignas(64) float kk[K], qq[K];
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// ns per cycle, from csrc/core_clock.h's chain of dependent adds.
-double cycle_ns() { return 1 / custom_ops::core_clock_ghz(); }
-
-// bits + 0x7fff + bit 16: round to nearest even in the high half (the kernel's, NaN aside).
-__m512i round_high(__m512 a) {
-  const __m512i b = _mm512_castps_si512(a);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  return _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), odd);
-}
+using micro::cycle_ns;
+using micro::now;
+using micro::round_high;
+using micro::widen_pairs;
 
 // The same rounding without a shift: bits + 0x8000 carries into the high half from 0x8000 up;
 // at a tie (low half 0x8000) bit 16 of the sum is cleared, which undoes the carry from an even
@@ -115,25 +104,12 @@ void set_deltas(__m512* delta, int rows) {
   }
 }
 
-__m512 widen_pairs(const uint16_t* p) {
-  const __m512i order = _mm512_set_epi32(15 << 16, 13 << 16, 11 << 16, 9 << 16, 7 << 16,
-                                         5 << 16, 3 << 16, 1 << 16, 14 << 16, 12 << 16, 10 << 16,
-                                         8 << 16, 6 << 16, 4 << 16, 2 << 16, 0);
-  return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(
-      0xaaaaaaaau, order, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)p))));
-}
-
 template <bool kNoShift = false, __m512i (*round)(__m512) = round_high>
 __m512i narrow_pair(__m512 a, __m512 b) {
-  const __m512i order = _mm512_set_epi32(
-      (63 << 16) | 47, (61 << 16) | 45, (59 << 16) | 43, (57 << 16) | 41, (55 << 16) | 39,
-      (53 << 16) | 37, (51 << 16) | 35, (49 << 16) | 33, (31 << 16) | 15, (29 << 16) | 13,
-      (27 << 16) | 11, (25 << 16) | 9, (23 << 16) | 7, (21 << 16) | 5, (19 << 16) | 3,
-      (17 << 16) | 1);
   if constexpr (kNoShift) {
-    return _mm512_permutex2var_epi16(round_high_noshift(a), order, round_high_noshift(b));
+    return micro::pair_words(round_high_noshift(a), round_high_noshift(b));
   }
-  return _mm512_permutex2var_epi16(round(a), order, round(b));
+  return micro::pair_words(round(a), round(b));
 }
 
 // E: groups of kRows rows, pass one one group ahead, the decayed blocks kept in registers from

@@ -35,6 +35,8 @@
 #include <random>
 #include <vector>
 
+#include "micro.h"
+
 namespace {
 
 constexpr int K = 128, Rows = 128, Hv = 32, B = 8;
@@ -100,29 +102,27 @@ struct Acc {
 
 template <int Mode, int Pf>
 __attribute__((always_inline)) inline void one_block(char* t, int g, int b, Acc& acc, __m512 eg) {
-  const __m512i widen = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
   #pragma GCC unroll 16
   for (int r = 0; r < 4; ++r) {
     char* l = t + (g + r) * RowBytes + b * 32;
     if (b % 2 == 0) prefetch_both<Pf>(l);
-    const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(l));
-    if constexpr (Mode == 3) {
-      _mm512_store_ps(ring(g, r, b * 16), _mm512_castsi512_ps(_mm512_castsi256_si512(h)));
+    if constexpr (Mode == 0 || Mode == 3) {
+      const __m512 h = _mm512_castsi512_ps(
+          _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(l))));
+      if constexpr (Mode == 3) {
+        _mm512_store_ps(ring(g, r, b * 16), h);
+      } else {
+        acc.u[r] = _mm512_or_ps(acc.u[r], h);
+      }
     } else if constexpr (Mode == 4) {
-      acc.u[r] = _mm512_or_ps(acc.u[r], _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(
-                                            0xaaaaaaaa, widen, _mm512_castsi256_si512(h))));
-    } else if constexpr (Mode >= 1) {
-      __m512 w = _mm512_castsi512_ps(
-          _mm512_maskz_permutexvar_epi16(0xaaaaaaaa, widen, _mm512_castsi256_si512(h)));
+      acc.u[r] = _mm512_or_ps(acc.u[r], micro::widen_pairs(l));
+    } else {
+      __m512 w = micro::widen_pairs(l);
       if constexpr (Mode == 2) {
         w = _mm512_mul_ps(w, eg);
         acc.u[r] = _mm512_fmadd_ps(w, _mm512_load_ps(&kk[b * 16]), acc.u[r]);
       }
       _mm512_store_ps(ring(g, r, b * 16), w);
-    } else {
-      acc.u[r] = _mm512_or_ps(acc.u[r], _mm512_castsi512_ps(_mm512_castsi256_si512(h)));
     }
   }
 }
@@ -130,10 +130,6 @@ __attribute__((always_inline)) inline void one_block(char* t, int g, int b, Acc&
 template <int Mode>
 __attribute__((always_inline)) inline void two_pair(char* t, int g, int b, __m512i z, Acc& acc,
                                                  __m512 delta) {
-  const __m512i pick = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37,
-                                        35, 33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7,
-                                        5, 3, 1);
-  const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
   #pragma GCC unroll 16
   for (int r = 0; r < 4; ++r) {
     auto* p = reinterpret_cast<__m512i*>(t + (g + r) * RowBytes + b * 32);
@@ -143,7 +139,7 @@ __attribute__((always_inline)) inline void two_pair(char* t, int g, int b, __m51
       _mm512_store_si512(p, _mm512_or_si512(lo, hi));
     } else if constexpr (Mode == 4) {
       const __m512i x = _mm512_or_si512(_mm512_load_si512(p), z);
-      _mm512_store_si512(p, _mm512_permutex2var_epi16(x, pick, x));
+      _mm512_store_si512(p, micro::pair_words(x, x));
     } else if constexpr (Mode >= 1) {
       __m512i bits[2];
       #pragma GCC unroll 16
@@ -152,14 +148,12 @@ __attribute__((always_inline)) inline void two_pair(char* t, int g, int b, __m51
         if constexpr (Mode == 2) {
           const __m512 s = _mm512_fmadd_ps(delta, _mm512_load_ps(&kk[b * 16 + 16 * i]), d);
           acc.y[r] = _mm512_fmadd_ps(s, _mm512_load_ps(&qq[b * 16 + 16 * i]), acc.y[r]);
-          const __m512i x = _mm512_castps_si512(s);
-          bits[i] = _mm512_add_epi32(
-              _mm512_add_epi32(x, half), _mm512_and_si512(_mm512_srli_epi32(x, 16), one));
+          bits[i] = micro::round_high(s);
         } else {
           bits[i] = _mm512_or_si512(_mm512_castps_si512(d), z);
         }
       }
-      _mm512_store_si512(p, _mm512_permutex2var_epi16(bits[0], pick, bits[1]));
+      _mm512_store_si512(p, micro::pair_words(bits[0], bits[1]));
     } else {
       _mm512_store_si512(p, _mm512_or_si512(_mm512_load_si512(p), z));
     }
