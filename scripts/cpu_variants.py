@@ -19,6 +19,7 @@ class Variant:
     aten: str  # ATen CPU capability from which it may be the default
     flags: tuple  # compiler flags, -DCPU_CAPABILITY=<capability> first
     cpu_features: tuple  # __builtin_cpu_supports names it needs
+    default_cpus: tuple  # __builtin_cpu_is names where it may be the default; () for every CPU
 
     @property
     def source(self):
@@ -48,12 +49,18 @@ def variants(path=DEF):
         text = re.sub(r"//[^\n]*", "", f.read())
     rows = []
     for m in re.finditer(r"\bCUSTOM_OPS_CPU_VARIANT\(", text):
-        name, capability, aten, flags, test = _arguments(text, m.end() - 1)
+        name, capability, aten, flags, test, default_here = _arguments(text, m.end() - 1)
         # Adjacent string literals, as the C++ compiler joins them.
         joined = "".join(re.findall(r'"([^"]*)"', flags))
+        cpus = tuple(re.findall(r"CUSTOM_OPS_CPU_IS\((\w+)\)", default_here))
+        if default_here != "true" and " || ".join(f"CUSTOM_OPS_CPU_IS({c})" for c in cpus) \
+                != default_here:
+            raise ValueError(f"{DEF}: {name}'s default_here must be true or CUSTOM_OPS_CPU_IS(..) "
+                             f"terms joined by ||, but got {default_here!r}")
         rows.append(Variant(name=name, capability=capability, aten=aten,
                             flags=(f"-DCPU_CAPABILITY={capability}", *shlex.split(joined)),
-                            cpu_features=tuple(re.findall(r"CUSTOM_OPS_CPU_HAS\((\w+)\)", test))))
+                            cpu_features=tuple(re.findall(r"CUSTOM_OPS_CPU_HAS\((\w+)\)", test)),
+                            default_cpus=cpus))
     if not rows:
         raise ValueError(f"{DEF}: no CUSTOM_OPS_CPU_VARIANT rows")
     return rows

@@ -271,14 +271,24 @@ def _isa_in_subprocess(env, code="import custom_ops; print(custom_ops.cpu_isa())
                           capture_output=True, text=True, timeout=300, check=False)
 
 
+def _cpu_is(name):
+    """__builtin_cpu_is(name) read from /proc/cpuinfo, for the names variants.def uses."""
+    info = pathlib.Path("/proc/cpuinfo").read_text()
+    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", info, re.M).group(1)
+    family = int(re.search(r"^cpu family\s*:\s*(\d+)", info, re.M).group(1))
+    known = {"amdfam19h": vendor == "AuthenticAMD" and family == 0x19}
+    return known[name]  # a KeyError for a name new to the table: add it above
+
+
 def _expected_default(capability):
-    """The variant expected at import for torch's CPU capability: the best this build and CPU
-    run, not above the capability's (AVX512: avx512; an EXPLICIT row never)."""
-    rank = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}  # EXPLICIT: never the default
+    """The variant expected at import for torch's CPU capability: the last row this build and
+    CPU run, not above the capability's, and that may be the default on this CPU."""
+    rank = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}
     limit = rank.get(capability, 0)
     runnable = custom_ops.cpu_isas()
     return [v for v in VARIANTS
-            if TABLE[v].aten in rank and rank[TABLE[v].aten] <= limit and v in runnable][-1]
+            if rank[TABLE[v].aten] <= limit and v in runnable
+            and (not TABLE[v].default_cpus or any(map(_cpu_is, TABLE[v].default_cpus)))][-1]
 
 
 _DEFAULT_CODE = ("import torch, custom_ops; print(custom_ops.cpu_isa()); "
@@ -298,6 +308,9 @@ def test_default_variant_follows_aten_cpu_capability(aten):
         assert chosen == "portable"
     if aten == "avx2":
         assert chosen == ("avx2" if "avx2" in custom_ops.cpu_isas() else "portable")
+    if aten is None and "avx512bf16" in custom_ops.cpu_isas():
+        # Its row's default_here: measured the fastest on AMD family 19h (Zen 4) only.
+        assert (chosen == "avx512bf16") == _cpu_is("amdfam19h")
 
 
 def test_env_variable_overrides_the_default():

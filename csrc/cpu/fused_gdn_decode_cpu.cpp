@@ -18,9 +18,11 @@ namespace {
 #if defined(__x86_64__) || defined(__i386__)
 #define CUSTOM_OPS_CPU_INIT() __builtin_cpu_init()
 #define CUSTOM_OPS_CPU_HAS(feature) __builtin_cpu_supports(#feature)
+#define CUSTOM_OPS_CPU_IS(cpu) __builtin_cpu_is(#cpu)
 #else
 #define CUSTOM_OPS_CPU_INIT()
 #define CUSTOM_OPS_CPU_HAS(feature) false
+#define CUSTOM_OPS_CPU_IS(cpu) false
 #endif
 
 using KernelFn = void (*)(const GdnParams&);
@@ -32,11 +34,12 @@ struct Variant {
   const char* aten;
   bool built;
   bool (*runs_here)();
+  bool (*default_here)();  // whether it may be the default on this CPU (where it runs)
   // The kernel for each accepted (input, state) dtype pair.
   KernelFn bf16_fp32, bf16_bf16, fp16_fp32, fp16_fp16;
 };
 
-#define CUSTOM_OPS_CPU_VARIANT(name, CAPABILITY, aten, flags, runs_here)            \
+#define CUSTOM_OPS_CPU_VARIANT(name, CAPABILITY, aten, flags, runs_here, default_here) \
   Variant{#name,                                                                     \
           "custom_ops::npu_fused_gdn_decode_cpu." #name,                             \
           #aten,                                                                     \
@@ -44,6 +47,10 @@ struct Variant {
           [] {                                                                       \
             CUSTOM_OPS_CPU_INIT();                                                   \
             return static_cast<bool>(runs_here);                                     \
+          },                                                                         \
+          [] {                                                                       \
+            CUSTOM_OPS_CPU_INIT();                                                   \
+            return static_cast<bool>(default_here);                                  \
           },                                                                         \
           &fused_gdn_decode_kernel_##CAPABILITY<c10::BFloat16, float>,               \
           &fused_gdn_decode_kernel_##CAPABILITY<c10::BFloat16, c10::BFloat16>,       \
@@ -60,11 +67,7 @@ bool cpu_supports(Isa isa) {
 }
 
 // ATen's CPU capabilities in order; anything else (ZVECTOR, VSX, SVE...) counts as DEFAULT.
-// A variant marked EXPLICIT ranks above every capability: never the default.
 int aten_rank(const std::string& capability) {
-  if (capability == "EXPLICIT") {
-    return 3;
-  }
   if (capability.find("AVX512") != std::string::npos) {
     return 2;
   }
@@ -72,14 +75,16 @@ int aten_rank(const std::string& capability) {
 }
 
 // The variant at load and for "auto": the last row of variants.def that this build and this CPU
-// run among those allowed by PyTorch's choice for its own CPU kernels (at::get_cpu_capability(), so
+// run, and that may be the default on this CPU (default_here), among those allowed by PyTorch's
+// choice for its own CPU kernels (at::get_cpu_capability(), so
 // ATEN_CPU_CAPABILITY=default|avx2|avx512 applies to this op as to ATen). (ATen trusts
 // ATEN_CPU_CAPABILITY even above what the CPU has; cpu_supports does not.)
 Isa default_isa() {
   const int limit = aten_rank(at::get_cpu_capability());
   Isa best = 0;
   for (Isa isa = 0; isa < kNumVariants; ++isa) {
-    if (aten_rank(kVariants[isa].aten) <= limit && cpu_supports(isa)) {
+    if (aten_rank(kVariants[isa].aten) <= limit && cpu_supports(isa) &&
+        kVariants[isa].default_here()) {
       best = isa;
     }
   }

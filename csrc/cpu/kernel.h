@@ -48,9 +48,9 @@ struct GdnParams {
 // described by GdnParams. A variant that this build leaves out (its compiler flags fail, or a
 // CUSTOM_OPS_NO_* switch) is compiled as a stub: kernel_built_<CAPABILITY> is false and its body
 // is never called.
-#define CUSTOM_OPS_CPU_VARIANT(name, CAPABILITY, aten, flags, runs_here) \
-  template <typename T, typename S>                                   \
-  void fused_gdn_decode_kernel_##CAPABILITY(const GdnParams& p);      \
+#define CUSTOM_OPS_CPU_VARIANT(name, CAPABILITY, aten, flags, runs_here, default_here) \
+  template <typename T, typename S>                                                     \
+  void fused_gdn_decode_kernel_##CAPABILITY(const GdnParams& p);                        \
   extern const bool kernel_built_##CAPABILITY;
 #include "cpu/variants.def"
 #undef CUSTOM_OPS_CPU_VARIANT

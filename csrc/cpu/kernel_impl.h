@@ -451,6 +451,7 @@ class RowGroups {
     [[maybe_unused]] float* keep_ahead = widened(n + kLead);
     Blk delta[R];
     [[maybe_unused]] Blk held[R];  // an even block of each row, stored with the next (kPairs)
+    [[maybe_unused]] typename PairCheckFor<S>::type check;  // of the paired stores (kPairs)
     for_rows<kRows>([&](auto i) __attribute__((always_inline)) {
       constexpr int r = kFirst + i;
       delta[r] = blk_set1(delta_[slot][r]);
@@ -489,7 +490,7 @@ class RowGroups {
         if (n != kBlock) {
           StateIo<S>::store(p, n, x);
         } else if constexpr (kPairs && kFinite) {
-          store_paired(p, t, x, held[r]);
+          store_paired(p, t, x, held[r], check);
         } else if constexpr (kFinite) {
           StateIo<S>::store_finite(p, x);
         } else {
@@ -509,19 +510,46 @@ class RowGroups {
         dot_block<kFirst, kRows>(ahead, keep_ahead, full_blocks_end(), K() % kBlock);
       }
     }
+    if constexpr (kPairs && kFinite) {
+      if (__builtin_expect(check.redo(), 0)) {
+        store_pairs_again<kFirst, kRows>(rows, slot, mine);
+      }
+    }
   }
 
   // Full block t (at p) of a NaN-free group whose blocks are stored in pairs (kPairs): an
   // even block with a full block after it is held and stored with that one, a last full block
   // without one alone. Pass two reads the ring (or, without it, blocks it has not stored yet), so
   // holding a block back changes nothing it reads.
-  __attribute__((always_inline)) void store_paired(S* p, int64_t t, const Blk& x, Blk& held) const {
+  __attribute__((always_inline)) void store_paired(S* p, int64_t t, const Blk& x, Blk& held,
+                                                   typename PairCheckFor<S>::type& check) const {
     if ((t / kBlock) % 2 == 1) {
-      StateIo<S>::store_pair_finite(p - kBlock, held, x);
+      StateIo<S>::store_pair_finite(p - kBlock, held, x, check);
     } else if (t + kBlock < full_blocks_end()) {
       held = x;
     } else {
       StateIo<S>::store_finite(p, x);
+    }
+  }
+
+  // The paired stores of rows [kFirst, kFirst + kRows) of the group at `rows` once more, by
+  // StateIo::store_pair_exact, where their check asks for it (PairCheckFor): each updated block
+  // computed again as pass two did, from the ring (`mine`) and the group's deltas (slot). Out of
+  // line and cold: it runs only for groups holding a zero or a denormal, and inline it made GCC
+  // keep one of the bf16 K = 128 kernel's accumulators on the stack (tests/test_cpu_codegen.py,
+  // which leaves out the registers saved around its calls).
+  template <int kFirst, int kRows>
+  __attribute__((noinline, cold)) void store_pairs_again(S* rows, int slot,
+                                                          const float* mine) const {
+    static_assert(kKeepWidened, "the updated blocks are computed again from the ring");
+    for (int r = kFirst; r < kFirst + kRows; ++r) {
+      const Blk delta = blk_set1(delta_[slot][r]);
+      auto updated = [&](int64_t t) {
+        return blk_fmadd(delta, blk_load(h_.k + t), blk_load(mine + r * padded_k() + t));
+      };
+      for (int64_t t = kBlock; t < full_blocks_end(); t += 2 * kBlock) {
+        StateIo<S>::store_pair_exact(rows + r * K() + t - kBlock, updated(t - kBlock), updated(t));
+      }
     }
   }
 

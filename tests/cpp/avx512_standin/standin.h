@@ -1,7 +1,8 @@
 // TEST DOUBLE: scalar stand-ins for the AVX-512 intrinsics that csrc/cpu/vec.h (and the c10 headers
 // it includes) use, written from Intel's intrinsics guide, so that the avx512 and avx512bf16 code
 // of the kernel runs on a CPU without AVX-512. It checks that code's logic (lane orders, masks,
-// the vcvtneps2bf16 guard and permute) against the AVX2 kernel, not the silicon: where the CPU
+// the vcvtneps2bf16 guard and permute, the paired vcvtne2ps2bf16 stores and their check) against
+// the AVX2 kernel, not the silicon: where the CPU
 // has AVX-512, tests/test_cpu_kernel.py compares the real variants instead.
 //
 // Included first by kernel_standin.cpp, built with the AVX2 flags and CPU_CAPABILITY_AVX512; each
@@ -268,6 +269,42 @@ inline __m256i cvtneps_pbh(__m512 a) {
   return vec(r);
 }
 
+// vcvtne2ps2bf16: cvtneps_pbh of b in words 0-15, of a in words 16-31.
+inline __m512i cvtne2ps_pbh(__m512 a, __m512 b) {
+  const __m256i lo = cvtneps_pbh(b), hi = cvtneps_pbh(a);
+  __m512i r;
+  std::memcpy(&r, &lo, 32);
+  std::memcpy(reinterpret_cast<char*>(&r) + 32, &hi, 32);
+  return r;
+}
+inline __m512i add_epi16(__m512i a, __m512i b) {
+  uint16_t x[32], y[32];
+  std::memcpy(x, &a, 64);
+  std::memcpy(y, &b, 64);
+  for (int j = 0; j < 32; ++j) x[j] = uint16_t(x[j] + y[j]);
+  __m512i out;
+  std::memcpy(&out, x, 64);
+  return out;
+}
+inline __m512i min_epu16(__m512i a, __m512i b) {
+  uint16_t x[32], y[32];
+  std::memcpy(x, &a, 64);
+  std::memcpy(y, &b, 64);
+  for (int j = 0; j < 32; ++j) x[j] = y[j] < x[j] ? y[j] : x[j];
+  __m512i out;
+  std::memcpy(&out, x, 64);
+  return out;
+}
+// vptestnmw: bit j set where word j of a AND word j of b is zero.
+inline __mmask32 testn_epi16_mask(__m512i a, __m512i b) {
+  uint16_t x[32], y[32];
+  std::memcpy(x, &a, 64);
+  std::memcpy(y, &b, 64);
+  uint32_t k = 0;
+  for (int j = 0; j < 32; ++j) k |= uint32_t((x[j] & y[j]) == 0) << j;
+  return static_cast<__mmask32>(k);
+}
+
 } // namespace standin
 
 // GCC defines some of these as macros when not optimising: replace those too.
@@ -287,6 +324,10 @@ inline __m256i cvtneps_pbh(__m512 a) {
 #undef _mm512_castsi256_si512
 #undef _mm512_loadu_si512
 #undef _mm512_permutexvar_ps
+#undef _mm512_cvtne2ps_pbh
+#undef _mm512_add_epi16
+#undef _mm512_min_epu16
+#undef _mm512_testn_epi16_mask
 #define _mm512_setzero_ps standin::setzero_ps
 #define _mm512_set1_ps standin::set1_ps
 #define _mm512_set1_epi32 standin::set1_epi32
@@ -324,3 +365,7 @@ inline __m256i cvtneps_pbh(__m512 a) {
 #define _mm512_castsi256_si512 standin::castsi256_si512
 #define _mm512_loadu_si512 standin::loadu_si512
 #define _mm512_permutexvar_ps standin::permutexvar_ps
+#define _mm512_cvtne2ps_pbh standin::cvtne2ps_pbh
+#define _mm512_add_epi16 standin::add_epi16
+#define _mm512_min_epu16 standin::min_epu16
+#define _mm512_testn_epi16_mask standin::testn_epi16_mask
