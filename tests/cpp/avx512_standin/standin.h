@@ -277,23 +277,22 @@ inline __m512i cvtne2ps_pbh(__m512 a, __m512 b) {
   std::memcpy(reinterpret_cast<char*>(&r) + 32, &hi, 32);
   return r;
 }
-inline __m512i add_epi16(__m512i a, __m512i b) {
+// Word j of the result is f(word j of a, word j of b).
+template <typename F>
+inline __m512i wordwise(__m512i a, __m512i b, F f) {
   uint16_t x[32], y[32];
   std::memcpy(x, &a, 64);
   std::memcpy(y, &b, 64);
-  for (int j = 0; j < 32; ++j) x[j] = uint16_t(x[j] + y[j]);
+  for (int j = 0; j < 32; ++j) x[j] = f(x[j], y[j]);
   __m512i out;
   std::memcpy(&out, x, 64);
   return out;
 }
+inline __m512i add_epi16(__m512i a, __m512i b) {
+  return wordwise(a, b, [](uint16_t x, uint16_t y) { return uint16_t(x + y); });
+}
 inline __m512i min_epu16(__m512i a, __m512i b) {
-  uint16_t x[32], y[32];
-  std::memcpy(x, &a, 64);
-  std::memcpy(y, &b, 64);
-  for (int j = 0; j < 32; ++j) x[j] = y[j] < x[j] ? y[j] : x[j];
-  __m512i out;
-  std::memcpy(&out, x, 64);
-  return out;
+  return wordwise(a, b, [](uint16_t x, uint16_t y) { return y < x ? y : x; });
 }
 // vptestnmw: bit j set where word j of a AND word j of b is zero.
 inline __mmask32 testn_epi16_mask(__m512i a, __m512i b) {
