@@ -72,13 +72,13 @@ def _outside_cold_calls(body):
     """body without the straight-line stretches (from one jump to the next) that call the cold
     path."""
     kept, stretch = [], []
-    for ins in body + ["jmp end"]:
+    for n, ins in enumerate(body):
         stretch.append(ins)
-        if ins.startswith(("j", "ret")):
+        if ins.startswith(("j", "ret")) or n == len(body) - 1:
             if not any(COLD_CALL.match(i) for i in stretch):
                 kept.extend(stretch)
             stretch = []
-    return kept[:-1]
+    return kept
 
 
 def accumulators_on_the_stack(body):
@@ -123,6 +123,8 @@ def test_the_check_finds_a_spilled_accumulator():
     assert accumulators_on_the_stack(saves) == []
     other = [ins.replace("store_pairs_again", "update") for ins in saves]
     assert len(accumulators_on_the_stack(other)) == 4
+    assert accumulators_on_the_stack(saves[:-1]) == []  # the function's last stretch
+    assert accumulators_on_the_stack(other[:-1]) == other[1:4:2] + other[6:9:2]
 
 
 def prefetch_bursts(body, window=8, most=4):

@@ -2,8 +2,8 @@
 // it includes) use, written from Intel's intrinsics guide, so that the avx512 and avx512bf16 code
 // of the kernel runs on a CPU without AVX-512. It checks that code's logic (lane orders, masks,
 // the vcvtneps2bf16 guard and permute, the paired vcvtne2ps2bf16 stores and their check) against
-// the AVX2 kernel, not the silicon: where the CPU
-// has AVX-512, tests/test_cpu_kernel.py compares the real variants instead.
+// the AVX2 kernel, not the silicon: where the CPU has AVX-512, tests/test_cpu_kernel.py compares
+// the real variants instead.
 //
 // Included first by kernel_standin.cpp, built with the AVX2 flags and CPU_CAPABILITY_AVX512; each
 // intrinsic name is then defined to its stand-in below.
