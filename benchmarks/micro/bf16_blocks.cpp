@@ -50,7 +50,7 @@ alignas(64) float kk[K], qq[K];
 
 using micro::cycle_ns;
 using micro::now;
-using micro::round_high;
+using micro::round_high_no_nan;
 using micro::widen_pairs;
 
 // The same rounding without a shift: bits + 0x8000 carries into the high half from 0x8000 up;
@@ -82,14 +82,14 @@ __m512i round_high_test_pick(__m512 a) {
       b, _mm512_mask_mov_epi32(_mm512_set1_epi32(0x7fff), odd, _mm512_set1_epi32(0x8000)));
 }
 
-// Whether f's high halves equal round_high's for every 32-bit pattern.
+// Whether f's high halves equal round_high_no_nan's for every 32-bit pattern.
 template <__m512i (*f)(__m512)>
 bool same_rounding() {
   const __m512i high = _mm512_set1_epi32(0xffff0000), step = _mm512_set1_epi32(16);
   __m512i b = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (uint64_t i = 0; i < (uint64_t{1} << 32); i += 16, b = _mm512_add_epi32(b, step)) {
     const __m512 a = _mm512_castsi512_ps(b);
-    const __m512i d = _mm512_and_si512(_mm512_xor_si512(round_high(a), f(a)), high);
+    const __m512i d = _mm512_and_si512(_mm512_xor_si512(round_high_no_nan(a), f(a)), high);
     if (_mm512_test_epi32_mask(d, d) != 0) {
       return false;
     }
@@ -104,12 +104,12 @@ void set_deltas(__m512* delta, int rows) {
   }
 }
 
-template <bool kNoShift = false, __m512i (*round)(__m512) = round_high>
+template <bool kNoShift = false, __m512i (*round)(__m512) = round_high_no_nan>
 __m512i narrow_pair(__m512 a, __m512 b) {
   if constexpr (kNoShift) {
-    return micro::pair_words(round_high_noshift(a), round_high_noshift(b));
+    return micro::words_pair(round_high_noshift(a), round_high_noshift(b));
   }
-  return micro::pair_words(round(a), round(b));
+  return micro::words_pair(round(a), round(b));
 }
 
 // E: groups of kRows rows, pass one one group ahead, the decayed blocks kept in registers from
@@ -280,9 +280,9 @@ __attribute__((noinline)) void run(long groups, float* sink) {
           acc[r] = _mm512_fmadd_ps(x0, qb0, acc[r]);
           acc[r] = _mm512_fmadd_ps(x1, qb1, acc[r]);
           // (x1's high half) | (x0's high half >> 16)
+          const __m512i low = _mm512_srli_epi32(round_high_no_nan(x0), 16);
           _mm512_storeu_si512(&state[cur][r][t],
-                              _mm512_ternarylogic_epi32(_mm512_srli_epi32(round_high(x0), 16),
-                                                        round_high(x1), high, 0xf8));
+                              _mm512_ternarylogic_epi32(low, round_high_no_nan(x1), high, 0xf8));
           const __m512i v = _mm512_loadu_si512(&state[ahead][r][t]);
           const __m512 y0 = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), decay);
           const __m512 y1 = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(v, high)), decay);
@@ -351,9 +351,9 @@ int main() {
                          "A' kernel, block sequence", "H A', test and masked add", "I A', test and masked move",
                          "J A', ring on even blocks", "K A', ring on 3 of 4", "L A', ring on 1 of 4"};
   void (*layouts[])(long, float*) = {run<0>, run<1>, run<2>, run<3>, run_regs<2>, run_regs<1>, run_regs_lead2, run<4>,
-                                     run_blocks<round_high, 1, 1>, run_blocks<round_high_test_add, 1, 1>,
-                                     run_blocks<round_high_test_pick, 1, 1>, run_blocks<round_high, 1, 2>,
-                                     run_blocks<round_high, 3, 4>, run_blocks<round_high, 1, 4>};
+                                     run_blocks<round_high_no_nan, 1, 1>, run_blocks<round_high_test_add, 1, 1>,
+                                     run_blocks<round_high_test_pick, 1, 1>, run_blocks<round_high_no_nan, 1, 2>,
+                                     run_blocks<round_high_no_nan, 3, 4>, run_blocks<round_high_no_nan, 1, 4>};
   const int rows[] = {R, R, R, R, 2, 1, 1, R, R, R, R, R, R, R};
   constexpr int kLayouts = sizeof(rows) / sizeof(rows[0]);
   float sink[16];

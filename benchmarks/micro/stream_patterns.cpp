@@ -26,7 +26,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -139,7 +138,7 @@ __attribute__((always_inline)) inline void two_pair(char* t, int g, int b, __m51
       _mm512_store_si512(p, _mm512_or_si512(lo, hi));
     } else if constexpr (Mode == 4) {
       const __m512i x = _mm512_or_si512(_mm512_load_si512(p), z);
-      _mm512_store_si512(p, micro::pair_words(x, x));
+      _mm512_store_si512(p, micro::words_pair(x, x));
     } else if constexpr (Mode >= 1) {
       __m512i bits[2];
       #pragma GCC unroll 16
@@ -148,12 +147,12 @@ __attribute__((always_inline)) inline void two_pair(char* t, int g, int b, __m51
         if constexpr (Mode == 2) {
           const __m512 s = _mm512_fmadd_ps(delta, _mm512_load_ps(&kk[b * 16 + 16 * i]), d);
           acc.y[r] = _mm512_fmadd_ps(s, _mm512_load_ps(&qq[b * 16 + 16 * i]), acc.y[r]);
-          bits[i] = micro::round_high(s);
+          bits[i] = micro::round_high_no_nan(s);
         } else {
           bits[i] = _mm512_or_si512(_mm512_castps_si512(d), z);
         }
       }
-      _mm512_store_si512(p, micro::pair_words(bits[0], bits[1]));
+      _mm512_store_si512(p, micro::words_pair(bits[0], bits[1]));
     } else {
       _mm512_store_si512(p, _mm512_or_si512(_mm512_load_si512(p), z));
     }
@@ -221,11 +220,11 @@ int main(int argc, char** argv) {
       const Way& w = kWays[(i + rep) % kNumWays];
       int slots[B];
       for (int& s : slots) s = order[cursor++ % pool_slots];
-      const auto t0 = std::chrono::steady_clock::now();
+      const double t0 = micro::now();
       for (int s : slots) {
         for (int h = 0; h < Hv; ++h) w.task(pool + s * SlotBytes + h * TaskBytes, z);
       }
-      const double d = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double d = micro::now() - t0;
       if (rep >= 2) us[(i + rep) % kNumWays].push_back(d * 1e6);
     }
   }

@@ -33,6 +33,10 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#if defined(CPU_CAPABILITY_AVX512)
+#include "cpu/bf16_avx512.h"
+#endif
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -438,15 +442,8 @@ struct StateIo<float> {
 };
 
 // Pair order (element 2i in lane i, element 2i + 1 in lane 8 + i) with one word permute of the
-// 16 loaded words: word 2l + 1 of the result (lane l's high half) takes the element of lane l, the
-// even words (the low halves) are zeroed by the mask.
-inline Blk widen_bf16(__m256i w) {
-  const __m512i order = _mm512_set_epi32(15 << 16, 13 << 16, 11 << 16, 9 << 16, 7 << 16, 5 << 16,
-                                         3 << 16, 1 << 16, 14 << 16, 12 << 16, 10 << 16, 8 << 16,
-                                         6 << 16, 4 << 16, 2 << 16, 0);
-  return {_mm512_castsi512_ps(
-      _mm512_maskz_permutexvar_epi16(0xaaaaaaaau, order, _mm512_castsi256_si512(w)))};
-}
+// 16 loaded words (bf16_avx512.h).
+inline Blk widen_bf16(__m256i w) { return {bf16_avx512::widen(w)}; }
 // The rounded high words of a block picked into memory order (element 2i from lane i, element
 // 2i + 1 from lane 8 + i) by one word permute. With the rounding on all 16 lanes at once, about
 // half the instructions of rounding two 256-bit halves.
@@ -457,15 +454,10 @@ inline __m256i bf16_words(__m512i high) {
                                          (21 << 16) | 5, (19 << 16) | 3, (17 << 16) | 1);
   return _mm512_castsi512_si256(_mm512_permutexvar_epi16(order, high));
 }
-// bf16 rounding in integers, the result in the HIGH 16 bits of each 32-bit lane: bits + 0x7fff
-// + (bit 16 of bits), which carries into the high half when the low half is over 0x8000, or is
-// 0x8000 (a tie) from an odd value; the form of AVX2's round_bf16_high_no_nan above, with no
-// compare into a mask. Right for every x but NaN.
-inline __m512i round_bf16_high_no_nan(const Blk& a) {
-  const __m512i bits = _mm512_castps_si512(a.v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  return _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), odd);
-}
+// bf16 rounding in integers, the result in the HIGH 16 bits of each 32-bit lane (bf16_avx512.h):
+// the form of AVX2's round_bf16_high_no_nan above, with no compare into a mask. Right for every x
+// but NaN.
+inline __m512i round_bf16_high_no_nan(const Blk& a) { return bf16_avx512::round_high_no_nan(a.v); }
 inline __m256i narrow_bf16(const Blk& a) {
   const __mmask16 nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
   return bf16_words(
@@ -477,13 +469,7 @@ inline __m256i narrow_bf16(const Blk& a) {
 // no difference at 1.9-2.7, from DRAM within a few points of rmw
 // (docs/bench_ab_zen4_bf16_pairs.txt).
 inline __m512i bf16_words_pair(__m512i a_high, __m512i b_high) {
-  // As bf16_words for each block; b's words are words 32-63 of the two sources.
-  const __m512i order = _mm512_set_epi32(
-      (63 << 16) | 47, (61 << 16) | 45, (59 << 16) | 43, (57 << 16) | 41, (55 << 16) | 39,
-      (53 << 16) | 37, (51 << 16) | 35, (49 << 16) | 33, (31 << 16) | 15, (29 << 16) | 13,
-      (27 << 16) | 11, (25 << 16) | 9, (23 << 16) | 7, (21 << 16) | 5, (19 << 16) | 3,
-      (17 << 16) | 1);
-  return _mm512_permutex2var_epi16(a_high, order, b_high);
+  return bf16_avx512::words_pair(a_high, b_high);
 }
 inline __m256i narrow_bf16_finite(const Blk& a) {
 #if defined(__AVX512BF16__)
