@@ -2,7 +2,8 @@
 // different source trees, each compiled under its own CPU_CAPABILITY name AB0, AB1, ..) called on
 // the same inputs, first for their bits (out and state must equal AB0's), then timed interleaved:
 // every repetition calls each build once and an in-place read-modify-write of the same bytes, in
-// an order rotated every repetition, so the machine's drift hits them alike. Prints one line per
+// an order in which each of them follows every other equally often, so the machine's drift and
+// what one call leaves the next hit them alike. Prints one line per
 // (state dtype, B, threads): medians in us, and each build's % of the rmw time, and the core's
 // clock read before and after the line.
 //
@@ -263,19 +264,61 @@ class Problem {
   GdnParams p_;
 };
 
-// Median seconds per build and call (rmw last), interleaved over reps repetitions after two
-// warm-up ones, each repetition timing `calls` calls of each build. Each repetition starts one
-// build later than the one before, so that no build always follows the same one (a call pays for
-// what the call before it left: dirty lines still to write back).
+// The order of calls: a cycle through items 0 .. n-1 (n >= 2) in which every item follows every
+// other exactly once (n - 1 appearances of each): an Euler circuit of the complete directed graph,
+// by Hierholzer's algorithm. A call pays for what the call before it left (dirty lines still to
+// write back, the prefetchers' state): with the order rotated one place every repetition, each
+// build followed the same one four times in five, and on AMD Zen 2 the build after the rmw took
+// 10-24 % longer than its copies from DRAM (docs/bench_ab_zen2_order.txt).
+std::vector<size_t> each_follows_each_once(size_t n) {
+  std::vector<std::vector<size_t>> next(n);
+  for (size_t u = 0; u < n; ++u) {
+    for (size_t v = n; v-- > 0;) {
+      if (v != u) next[u].push_back(v);
+    }
+  }
+  std::vector<size_t> path{0}, circuit;
+  while (!path.empty()) {
+    const size_t u = path.back();
+    if (next[u].empty()) {
+      circuit.push_back(u);
+      path.pop_back();
+    } else {
+      path.push_back(next[u].back());
+      next[u].pop_back();
+    }
+  }
+  std::reverse(circuit.begin(), circuit.end());
+  circuit.pop_back();  // the circuit ends where it began
+  // What the timing relies on, checked: each ordered pair of neighbours (cyclically) once.
+  std::vector<int> seen(n * n, 0);
+  for (size_t i = 0; i < circuit.size(); ++i) {
+    ++seen[circuit[i] * n + circuit[(i + 1) % circuit.size()]];
+  }
+  for (size_t u = 0; u < n; ++u) {
+    for (size_t v = 0; v < n; ++v) {
+      if (seen[u * n + v] != (u != v ? 1 : 0)) {
+        std::fprintf(stderr, "kernel_ab: call order of %zu items: %zu after %zu %d times\n", n,
+                     v, u, seen[u * n + v]);
+        std::exit(3);
+      }
+    }
+  }
+  return circuit;
+}
+
+// Median seconds per build and call (rmw last), each of at least `reps` samples timing `calls`
+// calls, after one warm-up call of each. The calls follow each_follows_each_once's cycle, whole
+// cycles only, so every build and the rmw follow each of the others equally often.
 template <typename T, typename S>
 std::vector<double> medians(Problem<T, S>& problem, int reps, int calls = 1) {
-  std::vector<std::vector<double>> t(problem.builds_count() + 1);
-  for (int rep = 0; rep < reps + 2; ++rep) {
-    for (size_t j = 0; j < t.size(); ++j) {
-      const size_t k = (j + rep) % t.size();
-      const double s = problem.time(k, calls);
-      if (rep >= 2) t[k].push_back(s);
-    }
+  const size_t n = problem.builds_count() + 1;
+  const std::vector<size_t> cycle = each_follows_each_once(n);
+  std::vector<std::vector<double>> t(n);
+  for (size_t k = 0; k < n; ++k) problem.time(k, calls);
+  const size_t cycles = (size_t(reps) + n - 2) / (n - 1);
+  for (size_t c = 0; c < cycles; ++c) {
+    for (size_t k : cycle) t[k].push_back(problem.time(k, calls));
   }
   std::vector<double> m;
   for (auto& v : t) {

@@ -10,10 +10,10 @@ set (``--isa``, default: the one the op picks here) under its own CPU_CAPABILITY
 - calls every build on the same inputs and state first, and stops (exit status 1) if one's output
   or updated state differs from AB0's by a bit (``--no-bit-check``: says so and times it anyway,
   for what-if builds that drop work on purpose, or a change of an order of operations);
-- then times them interleaved with an in-place read-modify-write of the same bytes: every
-  repetition calls each build once and the rmw once, in an order rotated every repetition, so a
-  shared machine's drift hits all alike. Name a source twice (``A B A B``) to see the spread
-  between copies of one build;
+- then times them interleaved with an in-place read-modify-write of the same bytes, in a cycle
+  of calls in which each build and the rmw follow every other one exactly once, so that a shared
+  machine's drift, and what one call leaves the next (dirty lines to write back), hit all alike.
+  Name a source twice (``A B A B``) to see the spread between copies of one build;
 - ends each line with the core's clock read before and after it (a chain of dependent adds,
   x86-64): a shared VM's cores slow for minutes while memory does not (or a neighbour shares the
   core, which reads the same), which lowers every ratio to rmw, so levels from a slow spell are not
