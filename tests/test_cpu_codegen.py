@@ -1,4 +1,4 @@
-"""A static check of the AVX-512 kernel's machine code, for the CPUs the test machine may not be.
+"""A static check of the SIMD kernels' machine code, for the CPUs the test machine may not be.
 
 The AVX-512 variants run only on CPUs that have AVX-512; where the tests run without it, their
 speed cannot be seen. One property decides much of it and can be read from the built library: a
@@ -10,10 +10,11 @@ group's top in one burst (as GCC schedules __builtin_prefetch). These tests disa
 library's K-specialised AVX-512 row kernels with objdump and fail where an accumulator lives on the
 stack, the prefetches come in bursts or go into L1 rather than L2 (on AMD Zen 4 prefetches into L1
 held the fp32 kernel at 25-56 % of rmw from DRAM, into L2 74-99 %: docs/cpu_kernel.md; a 16-bit
-state's kernel adds one into L1, nearer, for each into L2), or a
-prefetch's address is computed into a register instead of being a displacement from the rows'
-base (on Zen 4 an fp32 row took 18 % fewer ns in L1 without the moves and reloads). They read
-the code the compiler made; they do not time it.
+state's kernel adds one into L1, nearer, for each into L2), or a prefetch's address is computed
+into a register instead of being a displacement from the rows' base (on Zen 4 an fp32 row took
+18 % fewer ns in L1 without the moves and reloads). The avx2 variant's row kernels are held to the
+same prefetches (into L2 only) and the same placement. They read the code the compiler made; they
+do not time it.
 """
 
 import importlib.util
@@ -35,8 +36,13 @@ needs_objdump = pytest.mark.skipif(shutil.which("objdump") is None,
 # The row kernels specialised on K: their block loops are unrolled, so the whole function is the
 # loop over row groups. (The generic one parks its accumulators around the last partial block,
 # outside its block loops, which costs little.)
-ROW_KERNEL = re.compile(
-    r"AVX512\w*::\(anonymous namespace\)::RowGroups<[^,]+, \d+, (64|128|256),[^>]*>::update\(")
+def _row_kernel(isa):
+    return re.compile(
+        isa + r"::\(anonymous namespace\)::RowGroups<[^,]+, \d+, (64|128|256),[^>]*>::update\(")
+
+
+# The AVX-512 variants' row kernels (avx512, avx512bf16) and the avx2 variant's.
+ROW_KERNELS = {"AVX-512": _row_kernel(r"AVX512\w*"), "AVX2": _row_kernel("AVX2")}
 
 
 # A row kernel of a 16-bit state: RowGroups' first template argument.
@@ -207,14 +213,14 @@ def test_the_address_check_finds_computed_addresses():
     assert prefetches_at_computed_addresses(body) == [body[2], body[3]]
 
 
-def _offenders(check, by_state=False):
+def _offenders(check, isa="AVX-512", by_state=False):
     """(kernels where check(body) finds something, how many kernels, a listing of them);
     by_state: check(body, state_16bit) with whether the kernel's state is 16-bit."""
     lib = _library()
-    kernels = _functions(lib, ROW_KERNEL)
+    kernels = _functions(lib, ROW_KERNELS[isa])
     if not kernels:
-        pytest.skip(f"no AVX-512 row kernel symbols in {lib} (built with CUSTOM_OPS_NO_AVX512=1, "
-                    "or stripped)")
+        pytest.skip(f"no {isa} row kernel symbols in {lib} (a build without that variant, or "
+                    "stripped)")
     found = {}
     for name, body in kernels:
         hits = check(body, STATE_16BIT.search(name) is not None) if by_state else check(body)
@@ -224,10 +230,17 @@ def _offenders(check, by_state=False):
     return found, len(kernels), listing
 
 
+# The avx2 variant prefetches as AVX-512 does, without the second prefetch into L1 of a 16-bit
+# state (kNearPrefetchBytes is 0 there), and its rows run their loops one after another, so its
+# accumulators are not checked: with 16 registers a row's live ones are few.
+ISAS = pytest.mark.parametrize("isa", list(ROW_KERNELS))
+
+
 @needs_objdump
-def test_avx512_row_kernels_keep_their_prefetches_next_to_their_loads():
-    bursts, kernels, listing = _offenders(prefetch_bursts)
-    assert not bursts, (f"{len(bursts)} of {kernels} AVX-512 row kernels issue their prefetches "
+@ISAS
+def test_row_kernels_keep_their_prefetches_next_to_their_loads(isa):
+    bursts, kernels, listing = _offenders(prefetch_bursts, isa)
+    assert not bursts, (f"{len(bursts)} of {kernels} {isa} row kernels issue their prefetches "
                         f"in bursts:\n{listing}")
 
 
@@ -247,7 +260,15 @@ def test_avx512_row_kernels_prefetch_into_l2_and_16bit_states_also_into_l1():
 
 
 @needs_objdump
-def test_avx512_row_kernels_prefetch_at_a_displacement_from_their_rows():
-    computed, kernels, listing = _offenders(prefetches_at_computed_addresses)
-    assert not computed, (f"{len(computed)} of {kernels} AVX-512 row kernels prefetch at addresses "
+def test_avx2_row_kernels_prefetch_into_l2_only():
+    other, kernels, listing = _offenders(prefetches_off_plan, "AVX2")
+    assert not other, (f"{len(other)} of {kernels} AVX2 row kernels prefetch other than into L2 "
+                       f"(prefetcht1):\n{listing}")
+
+
+@needs_objdump
+@ISAS
+def test_row_kernels_prefetch_at_a_displacement_from_their_rows(isa):
+    computed, kernels, listing = _offenders(prefetches_at_computed_addresses, isa)
+    assert not computed, (f"{len(computed)} of {kernels} {isa} row kernels prefetch at addresses "
                           f"computed into registers:\n{listing}")

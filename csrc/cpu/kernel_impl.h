@@ -72,10 +72,9 @@ inline int64_t round_up(int64_t x, int64_t m) {
 }
 
 // How far ahead of pass one (in bytes of state) to prefetch, so that more misses are in flight
-// than the hardware prefetchers alone keep when the state streams from DRAM: 8 KiB. AVX2 prefetches
-// into L1: on AMD Zen 3, 8 KiB brought fp32 about 3 points of rmw nearer it from DRAM than 4 KiB,
-// 16-bit states within the runs' spread (docs/bench_ab_avx2_prefetch.txt). AVX-512 prefetches into
-// L2 (prefetch_at).
+// than the hardware prefetchers alone keep when the state streams from DRAM: 8 KiB. On AMD Zen 3
+// (avx2, prefetches into L1 then) 8 KiB brought fp32 about 3 points of rmw nearer it from DRAM
+// than 4 KiB, 16-bit states within the runs' spread (docs/bench_ab_avx2_prefetch.txt).
 constexpr int64_t kPrefetchBytes = 8192;
 
 // How far ahead a 16-bit state's pass one also prefetches into L1 (prefetch_line), on AVX-512,
@@ -144,29 +143,33 @@ inline Blk tail_mask(const int32_t order[kBlock], int64_t tail) {
   return blk_load(f);
 }
 
-// Prefetch the cache line `offset` bytes past base. On AVX-512 into L2 (prefetcht1), by an asm
-// statement. Into L2: on AMD Zen 4 pass one's prefetches into L1 kept fp32 at 25-56 % of rmw from
-// DRAM whether they ran 4, 8, 16 or 32 KiB ahead (no prefetch: 29-47 %), where into L2, 8 KiB
-// ahead, it came to 74-99 % and 16-bit states 7-36 points nearer rmw
-// (docs/bench_ab_zen4_prefetch.txt), likely because a prefetch into L1 holds one of L1's few miss
-// buffers for a whole DRAM latency; the hardware prefetchers bring the lines on from L2 to L1. An
-// asm statement, not __builtin_prefetch: GCC's scheduler moves the builtin's prefetches of a
-// four-row group to the group's top, one burst of 32, where a volatile asm stays next to the loads
-// it is written with. Where the offset is a constant (K known at compile time) the asm takes it as
-// an immediate, so that the address is the group's base register plus a displacement, as the
-// state loads' are: given the address as one memory operand, GCC computed a group's addresses ahead
-// into registers and, short of registers, kept them on the stack and in xmm registers, a reload
-// or a move per prefetch; without them an fp32 row took 18 % fewer ns in L1 on Zen 4, bf16 7-8 %
-// and fp16 7-9 % (docs/bench_ab_zen4_prefetch_disp.txt). tests/test_cpu_codegen.py checks both.
-// AVX2, whose rows run their loops one after another, keeps the builtin into L1: there the asm
-// moved fp32 nearer rmw from DRAM and fp16 further from it on Zen 3
-// (docs/bench_ab_avx2_prefetch.txt).
+// Prefetch the cache line `offset` bytes past base: into L2 (prefetcht1) by an asm statement on
+// AVX2 and AVX-512, a builtin into L1 in the portable code. Into L2: on AMD Zen 4 pass one's
+// prefetches into L1 kept fp32 at 25-56 % of rmw from DRAM whether they ran 4, 8, 16 or 32 KiB
+// ahead (no prefetch: 29-47 %), where into L2, 8 KiB ahead, it came to 74-99 % and 16-bit states
+// 7-36 points nearer rmw (docs/bench_ab_zen4_prefetch.txt), likely because a prefetch into L1 holds
+// one of L1's few miss buffers for a whole DRAM latency; the hardware prefetchers bring the lines
+// on from L2 to L1. The avx2 variant on Zen 4 came 13-31 points nearer rmw with it for fp32
+// (docs/bench_ab_zen4_avx2_prefetch.txt). On Zen 2 prefetcht1 and prefetcht0 timed alike (likely
+// both fill L1 there, as AMD documents for cores before Zen 4); what the asm statement brought
+// there is where the prefetches go in the code. An asm statement, not __builtin_prefetch: GCC's
+// scheduler moves the builtin's prefetches of a four-row group to the group's top, one burst of 32,
+// where a volatile asm stays next to the loads it is written with. Where the offset is a constant
+// (K known at compile time) the asm takes it as an immediate, so that the address is the group's
+// base register plus a displacement, as the state loads' are: given the address as one memory
+// operand, GCC computed a group's addresses ahead into registers and, short of registers, kept them
+// on the stack and in xmm registers, a reload or a move per prefetch; without them an fp32 row took
+// 18 % fewer ns in L1 on Zen 4, bf16 7-8 % and fp16 7-9 % (docs/bench_ab_zen4_prefetch_disp.txt).
+// On AMD Zen 2 the avx2 variant took 3-7 % fewer ns per fp32 row in L1/L2 (8-12 % with the state in
+// L1) and 1-3 % per fp16 row with the asm statement than with the builtin, and came up to 7 points
+// nearer rmw from DRAM, never further beyond the runs' spread (docs/bench_ab_zen2_prefetch.txt).
+// tests/test_cpu_codegen.py checks all of it.
 // kIntoL1: prefetcht0 instead (AVX-512 only; kNearPrefetchBytes says where).
 template <bool kIntoL1 = false>
 __attribute__((always_inline)) inline void prefetch_at(const void* base, int64_t offset) {
   // Integer arithmetic: the address may lie past the state; a prefetch never faults.
   const uintptr_t a = reinterpret_cast<uintptr_t>(base) + offset;
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #if defined(__OPTIMIZE__)
   if (__builtin_constant_p(offset)) {
     if constexpr (kIntoL1) {
