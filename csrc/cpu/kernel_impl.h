@@ -99,13 +99,6 @@ constexpr int64_t kNearPrefetchBytes = 0;
 //   +2.3); in L1/L2 bf16 took 10-13 % and fp16 5-8 % fewer ns per row, fp32 7-8 % more.
 // The bits depend on neither.
 //
-// kWidenOnce: whether pass one keeps a 16-bit state's widened rows for pass two (RowGroups).
-// Where widening costs a shuffle on the FMA ports (AVX-512) or a conversion per element
-// (portable), a store and a reload are cheaper. AVX2 widens with one shift or and per vector
-// (bf16) or one vcvtph2ps (fp16): widening again took 16-21 % fewer ns per row in L1/L2 on AMD
-// Zen 3 than the ring's extra stores and reloads, and came 2-10 points nearer rmw from DRAM
-// (docs/bench_ab_avx2_widen.txt). The bits do not depend on it either.
-//
 // kFp32LeadOne: whether pass one of an fp32 state runs one group ahead of pass two, not two
 // (RowGroups::kLead, which says why). Same bits.
 //
@@ -114,19 +107,16 @@ constexpr int64_t kNearPrefetchBytes = 0;
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int kGroupRows = 4;
 constexpr bool kSerialRows = false;
-constexpr bool kWidenOnce = true;
 constexpr bool kFp32LeadOne = true;
 constexpr bool kVectorHalfLoads = true;
 #elif defined(CPU_CAPABILITY_AVX2)
 constexpr int kGroupRows = 4;
 constexpr bool kSerialRows = true;
-constexpr bool kWidenOnce = false;
 constexpr bool kFp32LeadOne = false;
 constexpr bool kVectorHalfLoads = true;
 #else
 constexpr int kGroupRows = 1;
 constexpr bool kSerialRows = false;
-constexpr bool kWidenOnce = true;
 constexpr bool kFp32LeadOne = false;
 constexpr bool kVectorHalfLoads = false;
 #endif
@@ -275,14 +265,20 @@ struct HeadVectors {
 template <typename S, int kGroupSize, int kHeadK, typename T>
 class RowGroups {
  public:
-  // A 16-bit state's rows are widened once where kWidenOnce: pass one keeps its fp32 blocks,
-  // multiplied by exp(g), in an L1 ring of three groups (group n in ring slot n % 3; pass one runs
-  // at most two groups ahead of pass two), which pass two reads instead of widening and
-  // multiplying again. Widening is exact and the product the same, so the bits are the same
-  // either way.
+  // A 16-bit state's rows are widened once: pass one keeps its fp32 blocks, multiplied by exp(g),
+  // in an L1 ring of three groups (group n in ring slot n % 3; pass one runs at most two groups
+  // ahead of pass two), which pass two reads instead of widening and multiplying again. Widening
+  // is exact and the product the same, so the bits are the same either way. A store and a reload
+  // cost less than widening again where that is a shuffle on the FMA ports (AVX-512) or a
+  // conversion per element (portable), and on AVX2 (a shift or and per bf16 vector, a vcvtph2ps
+  // per fp16 one) as well: on AMD Zen 2 a row took 12 % (bf16) and 19 % (fp16) fewer ns in L1/L2
+  // with the ring and came up to 4 points (bf16) and 6 (fp16) nearer rmw from DRAM, none further
+  // beyond the runs' spread (docs/bench_ab_zen2_widen.txt). On Zen 3, before pass one multiplied each element by exp(g)
+  // (it folded exp(g) into k, so the ring's product was work pass one did not otherwise need),
+  // widening again had been 16-21 % faster (docs/bench_ab_avx2_widen.txt).
   // Not an fp32 state: there the ring's 64-byte store cost more than loading and multiplying
   // again (AMD Zen 4, docs/bench_ab_zen4_fp32_ring.txt).
-  static constexpr bool kKeepWidened = kWidenOnce && !std::is_same_v<S, float>;
+  static constexpr bool kKeepWidened = !std::is_same_v<S, float>;
 
   // Floats of one slot of the ring of widened rows: a block more than a group's rows, so that the
   // slot pass one writes is never a multiple of 4 KiB away from the one pass two reads (a load
