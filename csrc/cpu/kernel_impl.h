@@ -267,15 +267,15 @@ class RowGroups {
  public:
   // A 16-bit state's rows are widened once: pass one keeps its fp32 blocks, multiplied by exp(g),
   // in an L1 ring of three groups (group n in ring slot n % 3; pass one runs at most two groups
-  // ahead of pass two), which pass two reads instead of widening and multiplying again. Widening
-  // is exact and the product the same, so the bits are the same either way. A store and a reload
-  // cost less than widening again where that is a shuffle on the FMA ports (AVX-512) or a
-  // conversion per element (portable), and on AVX2 (a shift or and per bf16 vector, a vcvtph2ps
-  // per fp16 one) as well: on AMD Zen 2 a row took 12 % (bf16) and 19 % (fp16) fewer ns in L1/L2
-  // with the ring and came up to 4 points (bf16) and 6 (fp16) nearer rmw from DRAM, none further
-  // beyond the runs' spread (docs/bench_ab_zen2_widen.txt). On Zen 3, before pass one multiplied each element by exp(g)
-  // (it folded exp(g) into k, so the ring's product was work pass one did not otherwise need),
-  // widening again had been 16-21 % faster (docs/bench_ab_avx2_widen.txt).
+  // ahead of pass two), which pass two reads instead of widening and multiplying again. Widening is
+  // exact and the product the same, so the bits are the same either way. A store and a reload cost
+  // less than widening again where that is a shuffle on the FMA ports (AVX-512) or a conversion per
+  // element (portable), and on AVX2 (a shift or and per bf16 vector, a vcvtph2ps per fp16 one) as
+  // well: on AMD Zen 2 a row took 12 % (bf16) and 19 % (fp16) fewer ns in L1/L2 with the ring and
+  // came up to 4 points (bf16) and 6 (fp16) nearer rmw from DRAM, none further beyond the runs'
+  // spread (docs/bench_ab_zen2_widen.txt). On Zen 3, before pass one multiplied each element by
+  // exp(g) (it folded exp(g) into k, so the ring's product was work pass one did not otherwise
+  // need), widening again had been 16-21 % faster (docs/bench_ab_avx2_widen.txt).
   // Not an fp32 state: there the ring's 64-byte store cost more than loading and multiplying
   // again (AMD Zen 4, docs/bench_ab_zen4_fp32_ring.txt).
   static constexpr bool kKeepWidened = !std::is_same_v<S, float>;
