@@ -151,9 +151,9 @@ inline Blk tail_mask(const int32_t order[kBlock], int64_t tail) {
 // on the stack and in xmm registers, a reload or a move per prefetch; without them an fp32 row took
 // 18 % fewer ns in L1 on Zen 4, bf16 7-8 % and fp16 7-9 % (docs/bench_ab_zen4_prefetch_disp.txt).
 // On AMD Zen 2 the avx2 variant took 3-7 % fewer ns per fp32 row in L1/L2 (8-12 % with the state in
-// L1) and 1-3 % per fp16 row with the asm statement than with the builtin, and came up to 7 points
-// nearer rmw from DRAM, never further beyond the runs' spread (docs/bench_ab_zen2_prefetch.txt).
-// tests/test_cpu_codegen.py checks all of it.
+// L1) and 1-3 % per fp16 row in two runs of three (2 % more in the third) with the asm statement
+// than with the builtin, and came up to 7 points nearer rmw from DRAM, never further beyond the
+// runs' spread (docs/bench_ab_zen2_prefetch.txt). tests/test_cpu_codegen.py checks all of it.
 // kIntoL1: prefetcht0 instead (AVX-512 only; kNearPrefetchBytes says where).
 template <bool kIntoL1 = false>
 __attribute__((always_inline)) inline void prefetch_at(const void* base, int64_t offset) {
