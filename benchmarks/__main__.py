@@ -430,7 +430,7 @@ def format_variants(rows):
 
 
 def run_started():
-    """When the run started (UTC) and under which scheduling policy (chrt -f makes it SCHED_FIFO)."""
+    """When the run started (UTC) and its scheduling policy (chrt -f makes it SCHED_FIFO)."""
     policy = {getattr(os, n, None): n for n in ("SCHED_OTHER", "SCHED_FIFO", "SCHED_RR",
                                                  "SCHED_BATCH", "SCHED_IDLE")}
     try:

@@ -198,7 +198,8 @@ def main(argv=None):
     for B, ts, to, rs, ro, same in rows:
         print(
             f"{B:>5}  {B * n / ts:>8.2f}  {B * n / to:>8.2f}  {ts / to:>7.2f}x  "
-            f"{1e3 * rs / n:>11.1f}  {1e3 * ro / n:>8.1f}  {rs / ts:>9.0%}  {ro / to:>6.0%}  {same:>11.0%}"
+            f"{1e3 * rs / n:>11.1f}  {1e3 * ro / n:>8.1f}  {rs / ts:>9.0%}  {ro / to:>6.0%}"
+            f"  {same:>11.0%}"
         )
 
 

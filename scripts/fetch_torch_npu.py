@@ -72,7 +72,8 @@ def elf_symbols(data):
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
                 for i in range(shnum)]
     SHT_SYMTAB, SHT_DYNSYM = 2, 11
-    tables = [s for s in sections if s[1] == SHT_DYNSYM] or [s for s in sections if s[1] == SHT_SYMTAB]
+    tables = ([s for s in sections if s[1] == SHT_DYNSYM]
+              or [s for s in sections if s[1] == SHT_SYMTAB])
     defined, undefined = set(), set()
     for _, _, _, _, off, size, link, _, _, entsize in tables:
         strtab = sections[link]

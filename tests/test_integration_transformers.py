@@ -15,8 +15,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import custom_ops
-from custom_ops.integrations import transformers as integ
+import custom_ops  # noqa: E402  (after the importorskip)
+from custom_ops.integrations import transformers as integ  # noqa: E402
 
 try:
     integ._version_check()

@@ -46,7 +46,7 @@ def test_kernel_ab_times_equal_bits_and_refuses_different_ones(tmp_path):
     assert r.returncode == 1, out + r.stderr
     lines = out.splitlines()
     # bf16: the same bits, so both builds are timed in every mode.
-    timed = [l for l in lines if l.startswith("bf16 ")]
+    timed = [ln for ln in lines if ln.startswith("bf16 ")]
     assert len(timed) == 3, out
     l1, l1only, cache = timed
     for line, mode in ((l1, "l1   "), (l1only, "l1only")):
@@ -65,7 +65,7 @@ def test_kernel_ab_times_equal_bits_and_refuses_different_ones(tmp_path):
         # magnitude) per call, three calls here, and leaves some alone (the exact ones, and those
         # whose nearest value lay toward zero).
         assert 0 < int(differing) < int(total) and 0 < float(worst) < 2.0**-7, out
-    assert not [l for l in lines if l.startswith("fp16 ")], out
+    assert not [ln for ln in lines if ln.startswith("fp16 ")], out
 
     # --no-bit-check: said, and timed anyway.
     r = subprocess.run(
@@ -75,7 +75,7 @@ def test_kernel_ab_times_equal_bits_and_refuses_different_ones(tmp_path):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "build 1: bits differ from build 0 (timed anyway)" in r.stdout, r.stdout
-    assert [l for l in r.stdout.splitlines() if l.startswith("fp16  l1")], r.stdout
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith("fp16  l1")], r.stdout
 
 
 def test_kernel_ab_rejects_unknown_source():

@@ -1,11 +1,11 @@
 """The Triton kernel compiled for real, for NVIDIA sm_80 and sm_90, here without a GPU.
 
 Triton's interpreter (test_triton_interpret.py) is more lenient than its compiler: it runs kernels
-the compiler refuses (one reading a plain module global). Here Triton's own compiler and the ptxas it bundles build every tile
-configuration the launcher can pick (benchmarks/triton_compile.py), from scratch into a cache
-directory new to this session: Triton's cache key ignores TRITON_ALLOW_NON_CONSTEXPR_GLOBALS, so a
-warm cache could hide the error. The compiles run in one process per CPU (about 75 s of CPU time
-for the whole matrix).
+the compiler refuses (one reading a plain module global). Here Triton's own compiler and the ptxas
+it bundles build every tile configuration the launcher can pick (benchmarks/triton_compile.py),
+from scratch into a cache directory new to this session: Triton's cache key ignores
+TRITON_ALLOW_NON_CONSTEXPR_GLOBALS, so a warm cache could hide the error. The compiles run in one
+process per CPU (about 75 s of CPU time for the whole matrix).
 """
 
 import os

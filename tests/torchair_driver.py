@@ -234,7 +234,8 @@ def traffic(torchair, config, B=16, pool=512):
     args = {"mixed_qkv": torch.empty(B, 2 * H * K + Hv * V, dtype=torch.bfloat16, **meta),
             "a": torch.empty(B, Hv, dtype=torch.bfloat16, **meta),
             "b": torch.empty(B, Hv, dtype=torch.bfloat16, **meta),
-            "a_log": torch.empty(Hv, **meta), "dt_bias": torch.empty(Hv, dtype=torch.bfloat16, **meta),
+            "a_log": torch.empty(Hv, **meta),
+            "dt_bias": torch.empty(Hv, dtype=torch.bfloat16, **meta),
             "state_ref": torch.empty(pool, Hv, V, K, **meta),
             "ssm_state_indices": torch.empty(B, dtype=torch.int32, **meta)}
     StandIn.current_args = args

@@ -393,8 +393,8 @@ def patch_gdn_decode(model: torch.nn.Module, *, kernel: Callable | None = None) 
         model: a loaded transformers model (or any module) containing Qwen3-Next, Qwen3.5 or
             Qwen3.5-MoE Gated DeltaNet layers, in bfloat16 or float16.
         kernel: a callable with the op's signature to call instead of
-            ``torch.ops.custom.npu_fused_gdn_decode``, e.g. ``custom_ops.fused_gdn_decode_reference``
-            to check the op inside a model.
+            ``torch.ops.custom.npu_fused_gdn_decode``, e.g.
+            ``custom_ops.fused_gdn_decode_reference`` to check the op inside a model.
 
     Returns:
         A ``GdnDecodePatch``: call ``unpatch()`` or use it as a context manager to undo.
