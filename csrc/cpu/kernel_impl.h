@@ -96,7 +96,9 @@ constexpr int64_t kNearPrefetchBytes = 0;
 // - AVX2, with 16, spills when more than one row is live, so its rows run serially. Against
 //   single rows on AMD Zen 3 (docs/bench_ab_avx2_rows.txt), from DRAM at two threads fp32 came
 //   1.5-5.7 points of rmw nearer it and fp16 2.2-11.6, bf16 within the runs' spread (-1.9 to
-//   +2.3); in L1/L2 bf16 took 10-13 % and fp16 5-8 % fewer ns per row, fp32 7-8 % more.
+//   +2.3); in L1/L2 bf16 took 10-13 % and fp16 5-8 % fewer ns per row, fp32 7-8 % more. Two
+//   rows at a time, on AMD Zen 2: 16-bit states 4-14 % more ns per row, fp32 2-6 % fewer in L1/L2
+//   but 4-13 points further from rmw from DRAM (docs/bench_ab_zen2_pairs.txt).
 // The bits depend on neither.
 //
 // kFp32LeadOne: whether pass one of an fp32 state runs one group ahead of pass two, not two
