@@ -500,10 +500,11 @@ class RowGroups {
       });
     };
     // k's block is loaded once for both passes: the state stores between them may alias it (a
-    // vector store aliases anything), so GCC loaded it again for pass one. On AMD Zen 2 (avx2) an
-    // fp32 row took 17 % fewer ns in L1/L2, bf16 1 %, fp16 from 14 % fewer to 4 % more as HEAD's
-    // code landed; from DRAM 16-bit states came up to 7 points nearer rmw, fp32 within the runs'
-    // spread (docs/bench_ab_zen2_kblock.txt). AVX-512: 16 loads fewer per K = 128 row kernel.
+    // vector store aliases anything), so GCC would load it again for pass one. On AMD Zen 2 (avx2)
+    // that took an fp32 row 17 % fewer ns in L1/L2 and a bf16 row 1 % (fp16 between 14 % fewer
+    // and 4 % more, with code placement), and from DRAM brought 16-bit states up to 7 points
+    // nearer rmw, fp32 within the runs' spread (docs/bench_ab_zen2_kblock.txt). AVX-512: 16 loads
+    // fewer per K = 128 row kernel, untimed.
     for_blocks<kHeadK>(full_blocks_end(), [&](int64_t t) __attribute__((always_inline)) {
       const Blk kb = blk_load(h_.k + t);
       update_block(t, kBlock, kb);
