@@ -106,21 +106,27 @@ constexpr int64_t kNearPrefetchBytes = 0;
 //
 // kVectorHalfLoads: whether fp16 q and k are widened a block at a time (widen_unit_stride, which
 // says why). Same bits.
+//
+// kAheadFirst16: whether, for a 16-bit state, each block of pass one (of the group ahead) runs
+// before the same block of pass two, not after (RowGroups::update_rows, which says why). Same bits.
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int kGroupRows = 4;
 constexpr bool kSerialRows = false;
 constexpr bool kFp32LeadOne = true;
 constexpr bool kVectorHalfLoads = true;
+constexpr bool kAheadFirst16 = false;
 #elif defined(CPU_CAPABILITY_AVX2)
 constexpr int kGroupRows = 4;
 constexpr bool kSerialRows = true;
 constexpr bool kFp32LeadOne = false;
 constexpr bool kVectorHalfLoads = true;
+constexpr bool kAheadFirst16 = true;
 #else
 constexpr int kGroupRows = 1;
 constexpr bool kSerialRows = false;
 constexpr bool kFp32LeadOne = false;
 constexpr bool kVectorHalfLoads = false;
+constexpr bool kAheadFirst16 = false;
 #endif
 
 // Lanes of the last partial block (K % kBlock elements) that hold real elements: all bits set
@@ -505,19 +511,29 @@ class RowGroups {
     // and 4 % more, with code placement), and from DRAM brought 16-bit states up to 7 points
     // nearer rmw, fp32 within the runs' spread (docs/bench_ab_zen2_kblock.txt). AVX-512: 16 loads
     // fewer per K = 128 row kernel, untimed.
-    for_blocks<kHeadK>(full_blocks_end(), [&](int64_t t) __attribute__((always_inline)) {
+    //
+    // The two passes touch different rows and ring slots, so either may go first. With pass one
+    // first (kAheadFirst16), pass two's update is k's last use and may overwrite its register,
+    // where after pass one GCC copied delta for it: a 16-bit state's avx2 K = 128 row kernel has
+    // 165 register moves fewer (bf16) and its rows took 1.6-1.8 % fewer ns in L1/L2 on AMD Zen 2
+    // (in L1 bf16 3.1 % fewer to 1.5 % more), every line from cache and DRAM 0.1-3.0 points nearer
+    // rmw. An fp32 row took 10-19 % more ns that way (docs/bench_ab_zen2_kblock.txt, runs 8-10).
+    constexpr bool kAheadFirst = kAheadFirst16 && kKeepWidened;
+    auto both_passes = [&](int64_t t, int64_t n) __attribute__((always_inline)) {
       const Blk kb = blk_load(h_.k + t);
-      update_block(t, kBlock, kb);
-      if constexpr (kAhead) {
-        dot_block<kFirst, kRows>(ahead, keep_ahead, t, kBlock, kb);
+      if constexpr (kAhead && kAheadFirst) {
+        dot_block<kFirst, kRows>(ahead, keep_ahead, t, n, kb);
       }
+      update_block(t, n, kb);
+      if constexpr (kAhead && !kAheadFirst) {
+        dot_block<kFirst, kRows>(ahead, keep_ahead, t, n, kb);
+      }
+    };
+    for_blocks<kHeadK>(full_blocks_end(), [&](int64_t t) __attribute__((always_inline)) {
+      both_passes(t, kBlock);
     });
     if (K() % kBlock != 0) {
-      const Blk kb = blk_load(h_.k + full_blocks_end());
-      update_block(full_blocks_end(), K() % kBlock, kb);
-      if constexpr (kAhead) {
-        dot_block<kFirst, kRows>(ahead, keep_ahead, full_blocks_end(), K() % kBlock, kb);
-      }
+      both_passes(full_blocks_end(), K() % kBlock);
     }
     if constexpr (kPairs && kFinite) {
       if (__builtin_expect(check.redo(), 0)) {
