@@ -515,9 +515,9 @@ class RowGroups {
     // The two passes touch different rows and ring slots, so either may go first. With pass one
     // first (kAheadFirst16), pass two's update is k's last use and may overwrite its register,
     // where after pass one GCC copied delta for it: a 16-bit state's avx2 K = 128 row kernel has
-    // 165 register moves fewer (bf16) and its rows took 1.6-1.8 % fewer ns in L1/L2 on AMD Zen 2
-    // (in L1 bf16 3.1 % fewer to 1.5 % more), every line from cache and DRAM 0.1-3.0 points nearer
-    // rmw. An fp32 row took 10-19 % more ns that way (docs/bench_ab_zen2_kblock.txt, runs 8-10).
+    // 165 register moves fewer (bf16) and its rows took 1.5-1.8 % fewer ns in L1/L2 on AMD Zen 2
+    // (in L1 bf16 3.1 % fewer to 1.7 % more), every line from cache and DRAM 0.1-3.0 points nearer
+    // rmw. An fp32 row took 10-19 % more ns that way (docs/bench_ab_zen2_kblock.txt, runs 8-11).
     constexpr bool kAheadFirst = kAheadFirst16 && kKeepWidened;
     auto both_passes = [&](int64_t t, int64_t n) __attribute__((always_inline)) {
       const Blk kb = blk_load(h_.k + t);
