@@ -14,24 +14,9 @@
 
 namespace {
 
-using micro::cycle_ns;
-using micro::now;
-
-alignas(64) char buf[1 << 14];
-
 #define CLOBBERS                                                                               \
   "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",     \
       "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "memory"
-// A timed loop of one asm body; ns per iteration.
-#define BODY(NAME, INSTRS)                        \
-  double NAME(long n) {                           \
-    char* p = buf;                                \
-    const double t = now();                       \
-    for (long i = 0; i < n; ++i) {                \
-      asm volatile(INSTRS : : "r"(p) : CLOBBERS); \
-    }                                             \
-    return (now() - t) / n * 1e9;                 \
-  }
 // Six independent instructions writing ymm0-5 from ymm14/15 (in a pair, the second kind writes
 // ymm8-13); FMAs accumulate into ymm0-11. Stores go to buf + 64 * register number.
 #define X6(op) op(0) op(1) op(2) op(3) op(4) op(5)
@@ -51,40 +36,40 @@ alignas(64) char buf[1 << 14];
 #define ST16(i) "vmovups %%xmm" #i ", " #i "*64(%0)\n\t"
 #define LD32(i) "vmovups " #i "*64+4096(%0), %%ymm" #i "\n\t"
 
-BODY(fma, X12(FMA))
-BODY(mul, X6(MUL))
-BODY(sll, X6(SLL))
-BODY(srl, X6(SRL))
-BODY(shuf, X6(SHUF))
-BODY(and_, X6(AND))
-BODY(add, X6(ADD))
-BODY(blendw, X6(BLENDW))
-BODY(ph2ps, X6(PH2PS))
-BODY(ps2ph, X6(PS2PH))
-BODY(st32, X6(ST32))
-BODY(st16, X6(ST16))
-BODY(ld32, X6(LD32))
-BODY(srl_mul, PAIR(SRL, MUL))
-BODY(shuf_mul, PAIR(SHUF, MUL))
-BODY(and_mul, PAIR(AND, MUL))
-BODY(add_mul, PAIR(ADD, MUL))
-BODY(blendw_mul, PAIR(BLENDW, MUL))
-BODY(ph2ps_mul, PAIR(PH2PS, MUL))
-BODY(ps2ph_mul, PAIR(PS2PH, MUL))
-BODY(st32_mul, PAIR(ST32, MUL))
-BODY(sll_srl, PAIR(SLL, SRL))
-BODY(shuf_srl, PAIR(SHUF, SRL))
-BODY(ph2ps_srl, PAIR(PH2PS, SRL))
-BODY(ps2ph_srl, PAIR(PS2PH, SRL))
-BODY(blendw_srl, PAIR(BLENDW, SRL))
-BODY(add_srl, PAIR(ADD, SRL))
-BODY(srl_st32, PAIR(SRL, ST32))
-BODY(shuf_st32, PAIR(SHUF, ST32))
-BODY(ph2ps_st32, PAIR(PH2PS, ST32))
-BODY(ps2ph_st32, PAIR(PS2PH, ST32))
-BODY(add_st32, PAIR(ADD, ST32))
-BODY(ph2ps_shuf, PAIR(PH2PS, SHUF))
-BODY(add_shuf, PAIR(ADD, SHUF))
+MICRO_LOOP(fma, X12(FMA))
+MICRO_LOOP(mul, X6(MUL))
+MICRO_LOOP(sll, X6(SLL))
+MICRO_LOOP(srl, X6(SRL))
+MICRO_LOOP(shuf, X6(SHUF))
+MICRO_LOOP(and_, X6(AND))
+MICRO_LOOP(add, X6(ADD))
+MICRO_LOOP(blendw, X6(BLENDW))
+MICRO_LOOP(ph2ps, X6(PH2PS))
+MICRO_LOOP(ps2ph, X6(PS2PH))
+MICRO_LOOP(st32, X6(ST32))
+MICRO_LOOP(st16, X6(ST16))
+MICRO_LOOP(ld32, X6(LD32))
+MICRO_LOOP(srl_mul, PAIR(SRL, MUL))
+MICRO_LOOP(shuf_mul, PAIR(SHUF, MUL))
+MICRO_LOOP(and_mul, PAIR(AND, MUL))
+MICRO_LOOP(add_mul, PAIR(ADD, MUL))
+MICRO_LOOP(blendw_mul, PAIR(BLENDW, MUL))
+MICRO_LOOP(ph2ps_mul, PAIR(PH2PS, MUL))
+MICRO_LOOP(ps2ph_mul, PAIR(PS2PH, MUL))
+MICRO_LOOP(st32_mul, PAIR(ST32, MUL))
+MICRO_LOOP(sll_srl, PAIR(SLL, SRL))
+MICRO_LOOP(shuf_srl, PAIR(SHUF, SRL))
+MICRO_LOOP(ph2ps_srl, PAIR(PH2PS, SRL))
+MICRO_LOOP(ps2ph_srl, PAIR(PS2PH, SRL))
+MICRO_LOOP(blendw_srl, PAIR(BLENDW, SRL))
+MICRO_LOOP(add_srl, PAIR(ADD, SRL))
+MICRO_LOOP(srl_st32, PAIR(SRL, ST32))
+MICRO_LOOP(shuf_st32, PAIR(SHUF, ST32))
+MICRO_LOOP(ph2ps_st32, PAIR(PH2PS, ST32))
+MICRO_LOOP(ps2ph_st32, PAIR(PS2PH, ST32))
+MICRO_LOOP(add_st32, PAIR(ADD, ST32))
+MICRO_LOOP(ph2ps_shuf, PAIR(PH2PS, SHUF))
+MICRO_LOOP(add_shuf, PAIR(ADD, SHUF))
 
 } // namespace
 
@@ -131,14 +116,9 @@ int main() {
               "each line\n");
   for (int round = 0; round < 2; ++round) {
     for (const auto& k : kinds) {
-      const double before = cycle_ns();
-      double best = 1e9;
-      for (int r = 0; r < 5; ++r) {
-        const double t = k.f(2000000);
-        best = t < best ? t : best;
-      }
-      const double c = (before + cycle_ns()) / 2;
-      std::printf("%-30s %6.2f  (%.2f GHz)\n", k.name, best / c / k.per_iteration, 1 / c);
+      const micro::Best b = micro::best_of_five(k.f, 2000000);
+      std::printf("%-30s %6.2f  (%.2f GHz)\n", k.name, b.ns / b.cycle_ns / k.per_iteration,
+                  1 / b.cycle_ns);
     }
   }
 }

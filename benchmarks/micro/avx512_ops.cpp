@@ -12,26 +12,11 @@
 
 namespace {
 
-using micro::cycle_ns;
-using micro::now;
-
-alignas(64) char buf[1 << 14];
-
 #define CLOBBERS                                                                                \
   "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",      \
       "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", \
       "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", \
       "xmm31", "k2", "memory"
-// A timed loop of one asm body; ns per iteration.
-#define BODY(NAME, INSTRS)                             \
-  double NAME(long n) {                                \
-    char* p = buf;                                     \
-    const double t = now();                            \
-    for (long i = 0; i < n; ++i) {                     \
-      asm volatile(INSTRS : : "r"(p) : CLOBBERS);      \
-    }                                                  \
-    return (now() - t) / n * 1e9;                      \
-  }
 #define X8(op) op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7)
 // Eight independent instructions writing zmm0-7 from zmm30/31 (or, pairs, a second kind writing
 // zmm10-17).
@@ -74,43 +59,43 @@ alignas(64) char buf[1 << 14];
 #define LD32(i) "vmovups " #i "*64+4096(%0), %%ymm" #i "\n\t"
 #define ST64_ST32(i) ST64(i) "vmovups %%ymm1" #i ", " #i "*64+2048(%0)\n\t"
 
-BODY(fma, X8(FMA))
-BODY(mul, X8(MUL))
-BODY(permw, X8(PERMW))
-BODY(permt2w, X8(PERMT2W))
-BODY(srl, X8(SRL))
-BODY(and_, X8(AND))
-BODY(add, X8(ADD))
-BODY(cvt2bf, X8(CVT2BF))
-BODY(cvtbf, X8(CVTBF))
-BODY(ph2ps, X8(PH2PS))
-BODY(ps2ph, X8(PS2PH))
-BODY(fma_permw, X8(FMA_PERMW))
-BODY(fma_srl, X8(FMA_SRL))
-BODY(fma_add, X8(FMA_ADD))
-BODY(permw_srl, X8(PERMW_SRL))
-BODY(fma_ph2ps, X8(FMA_PH2PS))
-BODY(fma_ps2ph, X8(FMA_PS2PH))
-BODY(permw_ph2ps, X8(PERMW_PH2PS))
-BODY(permw_ps2ph, X8(PERMW_PS2PH))
-BODY(add_ph2ps, X8(ADD_PH2PS))
-BODY(permw_add, X8(PERMW_ADD))
-BODY(fma_permw_add, X8(FMA_PERMW_ADD))
-BODY(testm, X8(TESTM))
-BODY(tern, X8(TERN))
-BODY(blendm, X8(BLENDM))
-BODY(addm, X8(ADDM))
-BODY(fma_testm, X8(FMA_TESTM))
-BODY(permw_testm, X8(PERMW_TESTM))
-BODY(fma_tern, X8(FMA_TERN))
-BODY(permw_tern, X8(PERMW_TERN))
-BODY(permw_blendm, X8(PERMW_BLENDM))
-BODY(fma_blendm, X8(FMA_BLENDM))
-BODY(st64, X8(ST64))
-BODY(st32, X8(ST32))
-BODY(ld64, X8(LD64))
-BODY(ld32, X8(LD32))
-BODY(st64_st32, X8(ST64_ST32))
+MICRO_LOOP(fma, X8(FMA))
+MICRO_LOOP(mul, X8(MUL))
+MICRO_LOOP(permw, X8(PERMW))
+MICRO_LOOP(permt2w, X8(PERMT2W))
+MICRO_LOOP(srl, X8(SRL))
+MICRO_LOOP(and_, X8(AND))
+MICRO_LOOP(add, X8(ADD))
+MICRO_LOOP(cvt2bf, X8(CVT2BF))
+MICRO_LOOP(cvtbf, X8(CVTBF))
+MICRO_LOOP(ph2ps, X8(PH2PS))
+MICRO_LOOP(ps2ph, X8(PS2PH))
+MICRO_LOOP(fma_permw, X8(FMA_PERMW))
+MICRO_LOOP(fma_srl, X8(FMA_SRL))
+MICRO_LOOP(fma_add, X8(FMA_ADD))
+MICRO_LOOP(permw_srl, X8(PERMW_SRL))
+MICRO_LOOP(fma_ph2ps, X8(FMA_PH2PS))
+MICRO_LOOP(fma_ps2ph, X8(FMA_PS2PH))
+MICRO_LOOP(permw_ph2ps, X8(PERMW_PH2PS))
+MICRO_LOOP(permw_ps2ph, X8(PERMW_PS2PH))
+MICRO_LOOP(add_ph2ps, X8(ADD_PH2PS))
+MICRO_LOOP(permw_add, X8(PERMW_ADD))
+MICRO_LOOP(fma_permw_add, X8(FMA_PERMW_ADD))
+MICRO_LOOP(testm, X8(TESTM))
+MICRO_LOOP(tern, X8(TERN))
+MICRO_LOOP(blendm, X8(BLENDM))
+MICRO_LOOP(addm, X8(ADDM))
+MICRO_LOOP(fma_testm, X8(FMA_TESTM))
+MICRO_LOOP(permw_testm, X8(PERMW_TESTM))
+MICRO_LOOP(fma_tern, X8(FMA_TERN))
+MICRO_LOOP(permw_tern, X8(PERMW_TERN))
+MICRO_LOOP(permw_blendm, X8(PERMW_BLENDM))
+MICRO_LOOP(fma_blendm, X8(FMA_BLENDM))
+MICRO_LOOP(st64, X8(ST64))
+MICRO_LOOP(st32, X8(ST32))
+MICRO_LOOP(ld64, X8(LD64))
+MICRO_LOOP(ld32, X8(LD32))
+MICRO_LOOP(st64_st32, X8(ST64_ST32))
 
 } // namespace
 
@@ -164,16 +149,10 @@ int main() {
   for (int round = 0; round < 2; ++round) {
     double fma_ns = 0;
     for (const auto& k : kinds) {
-      const double before = cycle_ns();
-      double best = 1e9;
-      for (int r = 0; r < 5; ++r) {
-        const double t = k.f(2000000);
-        best = t < best ? t : best;
-      }
-      const double c = (before + cycle_ns()) / 2;
-      if (fma_ns == 0) fma_ns = best;  // kinds[0] is the FMA
-      std::printf("%-30s %6.2f  %5.2f x FMA  (%.2f GHz)\n", k.name, best / c / 8, best / fma_ns,
-                  1 / c);
+      const micro::Best b = micro::best_of_five(k.f, 2000000);
+      if (fma_ns == 0) fma_ns = b.ns;  // kinds[0] is the FMA
+      std::printf("%-30s %6.2f  %5.2f x FMA  (%.2f GHz)\n", k.name, b.ns / b.cycle_ns / 8,
+                  b.ns / fma_ns, 1 / b.cycle_ns);
     }
   }
 }
