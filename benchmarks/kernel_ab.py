@@ -161,7 +161,7 @@ def build(args, workdir):
     jobs.append([cxx, *BASE_FLAGS, *isa_flags, f"-I{workdir}", f"-I{here}", *torch_flags, "-c",
                  os.path.join(ROOT, "benchmarks", "kernel_ab.cpp"), "-o",
                  os.path.join(workdir, "driver.o")])
-    jobs_at_once = int(os.environ.get("MAX_JOBS", 2))
+    jobs_at_once = int(os.environ.get("MAX_JOBS", "2"))
     print(f"kernel_ab: compiling {len(csrcs)} build(s) for {isa} ({' '.join(isa_flags)}), "
           f"{jobs_at_once} at a time", flush=True)
     with ThreadPoolExecutor(max_workers=jobs_at_once) as pool:

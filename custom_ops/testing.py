@@ -253,7 +253,7 @@ def paged_pool(state: torch.Tensor, page: int, offset: int, fill: float = 7.0):
     return view, buf
 
 
-def aot_backend(use_pass: bool, graphs: list = None):
+def aot_backend(use_pass: bool, graphs: list | None = None):
     """A torch.compile backend that compiles as torchair does: aot_autograd with input mutations
     kept in the graph, the forward graph run as is; with ``use_pass``,
     ``custom_ops.converter.reinplace_pass`` applied to it first. Each forward graph is appended to

@@ -75,7 +75,7 @@ def check_enabled() -> bool:
     return env_flag(CHECK_ENV)
 
 
-def version_check(version: str = None) -> None:
+def version_check(version: str | None = None) -> None:
     """RuntimeError unless ``version`` (default: the installed vLLM's) is in TESTED_VLLM."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
