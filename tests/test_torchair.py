@@ -2,11 +2,11 @@
 
 tests/torchair_driver.py runs, in a subprocess,
 ``torch.compile(backend=torchair.get_npu_backend())`` of decode steps through torchair's own code
-down to the GE graph it hands to its loader; only
-torchair's native module is a stand-in, whose loader executes the GE graph with torch
-(tests/ge_executor.py, a labelled double of GE). These tests check what came out: the
-``FusedGdnDecode`` node, the write-back torchair finds, the graph output aliased to the state input,
-the results of every step against the reference, and the bytes each node moves.
+down to the GE graph it hands to its loader; only torchair's native module is a stand-in, whose
+loader executes the GE graph with torch (tests/ge_executor.py, a labelled double of GE). These tests
+check what came out: the ``FusedGdnDecode`` node, the write-back torchair finds, the graph output
+aliased to the state input, the results of every step against the reference, and the bytes each node
+moves.
 """
 
 import json
