@@ -148,33 +148,35 @@ def test_every_variant_gives_the_same_bits_over_a_decode(case, state_dtype):
 CPP = ROOT / "tests" / "cpp"
 
 
-def _build_and_run(tmp_path, units, *, flags=(), link_torch=False, timeout=900):
-    """Compiles each of `units` ({object name: compiler arguments}, two at a time) with the
-    kernel's include paths and `flags`, links them (with torch's libraries if `link_torch`) and
-    runs the program; its CompletedProcess."""
+def _build_and_run(tmp_path, units, *, flags=(), link_torch=False, timeout=900, cxx=None,
+                   link=(), runner=(), args=()):
+    """Compiles each of `units` ({object name: compiler arguments}, two at a time) with `cxx`
+    (default $CXX or c++), the kernel's include paths and `flags`, links them (with torch's
+    libraries if `link_torch`, and `link`) and runs the program with `args`, under `runner` if
+    given; its CompletedProcess."""
     from concurrent.futures import ThreadPoolExecutor
 
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    cxx = os.environ.get("CXX", "c++")
+    cxx = cxx or os.environ.get("CXX", "c++")
     common = ["-O2", "-std=c++20", *flags, f"-I{ROOT / 'csrc'}",
               *[f"-I{p}" for p in include_paths()]]
 
     def compile_unit(item):
-        obj, args = item
-        subprocess.run([cxx, *common, "-c", *args, "-o", str(tmp_path / obj)], check=True)
+        obj, unit_args = item
+        subprocess.run([cxx, *common, "-c", *unit_args, "-o", str(tmp_path / obj)], check=True)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         list(pool.map(compile_unit, units.items()))
-    link = []
+    link = list(link)
     if link_torch:  # at::parallel_for is OpenMP
         libs = library_paths()
-        link = ["-fopenmp", *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
-                "-lc10", "-ltorch_cpu"]
+        link += ["-fopenmp", *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
+                 "-lc10", "-ltorch_cpu"]
     exe = tmp_path / "program"
     subprocess.run([cxx, *[str(tmp_path / o) for o in units], *link, "-o", str(exe)], check=True)
-    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run([*runner, str(exe), *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
 
 
 def test_portable_fused_multiply_add_is_exact(tmp_path):
@@ -220,6 +222,70 @@ def test_avx512_code_matches_avx2_on_intrinsic_stand_ins(tmp_path):
     }
     result = _build_and_run(tmp_path, units, flags=flags, link_torch=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _aarch64_tools():
+    """(cross compiler, emulator) for AArch64 programs, or None for each that is not installed."""
+    import shutil
+
+    cxx = os.environ.get("CUSTOM_OPS_AARCH64_CXX") or shutil.which("aarch64-linux-gnu-g++")
+    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+    return cxx, qemu
+
+
+def test_portable_variant_gives_the_same_bits_on_aarch64(tmp_path):
+    """The portable variant built for AArch64 (the host CPU of many Ascend servers), where its
+    fused multiply-add is the FMA instruction (std::fma) and c10's fp16 conversions are the
+    hardware's, gives the bits of this machine's portable and avx2 variants:
+    tests/cpp/portable_digest.cpp hashes out and state after three steps of 240 cases (every dtype
+    pair, K with partial blocks, the specialised and generic row kernels, NaN, Inf, denormal and
+    near-maximal values), built here and with a cross compiler (statically, with a labelled double
+    for ATen's threading: tests/cpp/aten_serial.cpp), the latter run under qemu's user-mode
+    emulator: the bits, not the speed. Skips where the tools are missing (Debian:
+    apt install g++-aarch64-linux-gnu qemu-user-static)."""
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip(f"compares an x86-64 build with an AArch64 one; this is {platform.machine()}")
+    cross, qemu = _aarch64_tools()
+    if cross is None or qemu is None:
+        missing = [n for n, t in (("aarch64-linux-gnu-g++", cross), ("qemu-aarch64", qemu))
+                   if t is None]
+        pytest.skip(f"not installed: {', '.join(missing)} "
+                    "(apt install g++-aarch64-linux-gnu qemu-user-static)")
+    digest = str(CPP / "portable_digest.cpp")
+    serial = str(CPP / "aten_serial.cpp")
+    portable = [*TABLE["portable"].flags, str(ROOT / TABLE["portable"].source)]
+    flags = ["-O3", "-ffp-contract=off"]
+
+    arm_dir = tmp_path / "aarch64"
+    arm_dir.mkdir()
+    arm = _build_and_run(arm_dir, {"portable.o": portable, "digest.o": [digest],
+                                   "serial.o": [serial]},
+                         flags=flags, cxx=cross, link=["-static"], runner=[qemu],
+                         args=["portable"], timeout=600)
+    assert arm.returncode == 0, arm.stdout + arm.stderr
+    lines = arm.stdout.splitlines()
+    assert len(lines) == 240 and len({line.split(" out=")[1] for line in lines}) == 120, (
+        "each case once, and the specialised and generic kernels alike:\n" + arm.stdout)
+
+    here_dir = tmp_path / "x86_64"
+    here_dir.mkdir()
+    units = {"portable.o": portable, "digest.o": [digest], "serial.o": [serial]}
+    names = ["portable"]
+    if "avx2" in custom_ops.cpu_isas():
+        units["avx2.o"] = [*TABLE["avx2"].flags, str(ROOT / TABLE["avx2"].source)]
+        units["digest.o"] = ["-DDIGEST_AVX2", digest]
+        names.append("avx2")
+    here = _build_and_run(here_dir, units, flags=flags, args=["portable"])
+    for name in names:
+        if name != "portable":
+            here = subprocess.run([str(here_dir / "program"), name], capture_output=True,
+                                  text=True, timeout=600, check=False)
+        assert here.returncode == 0, here.stdout + here.stderr
+        differ = [f"x86-64 {name}: {a}\naarch64 portable: {b}"
+                  for a, b in zip(here.stdout.splitlines(), lines, strict=True) if a != b]
+        assert not differ, f"{len(differ)} of 240 cases differ:\n" + "\n".join(differ[:10])
 
 
 def test_avx512bf16_narrowing_is_exact_for_every_fp32(tmp_path):
