@@ -77,9 +77,34 @@ def _built_variants():
 
 BUILT = _built_variants()
 
-# at::parallel_for is inline OpenMP: without -fopenmp it silently runs on one thread. The
-# libgomp.so.1 we link against resolves at run time to the one torch has already loaded.
-OPENMP = ["-fopenmp"]
+def _clang():
+    """Whether clang compiles the extension ($CXX, as BuildExtension takes it) or the kernel
+    libraries (setuptools' default compiler, as build_clib takes it)."""
+    import subprocess
+
+    from setuptools._distutils.ccompiler import new_compiler
+    from setuptools._distutils.sysconfig import customize_compiler
+
+    compiler = new_compiler()
+    customize_compiler(compiler)
+    for cxx in (os.environ.get("CXX", "c++"), compiler.compiler_so[0]):
+        try:
+            out = subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                                 check=False).stdout
+        except OSError:
+            continue
+        if "clang" in out:
+            return True
+    return False
+
+
+# at::parallel_for is inline OpenMP: without -fopenmp it silently runs on one thread. GCC's
+# libgomp.so.1 resolves at run time to the one torch has already loaded. clang's -fopenmp links
+# LLVM's libomp instead: a second runtime whose threads ignore torch.set_num_threads and spin
+# beside torch's (a call 1.6-2.0x slower on 2 cores, docs/building.md), so clang builds the kernel
+# without OpenMP, on one thread.
+CLANG = _clang()
+OPENMP = [] if CLANG else ["-fopenmp"]
 CXX_FLAGS = ["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function", "-Wno-unknown-pragmas"]
 LINK_FLAGS = ["-ldl"] + OPENMP
 if DEBUG:
@@ -180,6 +205,11 @@ KERNEL_LIBRARIES = kernel_libraries()
 
 print(f"custom_ops build: torch {torch.__version__}, CPU kernels: {' + '.join(BUILT)}"
       + (", debug" if DEBUG else "") + (", ASan+UBSan" if SANITIZE else ""))
+if CLANG:
+    print("custom_ops build: WARNING: clang builds the CPU kernel without OpenMP, so it runs on one "
+          "thread whatever torch.set_num_threads says (clang's OpenMP runtime would be a second "
+          "one beside torch's libgomp); CC=gcc CXX=g++ builds the threaded kernel "
+          "(docs/building.md)", file=sys.stderr)
 
 setup(
     name="custom_ops",

@@ -72,6 +72,19 @@ TORCH_LIBRARY(custom_ops_internal, m) {
   m.def("core_clock_ghz() -> float", []() { return custom_ops::core_clock_ghz(); });
   // Every CPU kernel variant (csrc/cpu/variants.def), built or not, in order of preference.
   m.def("cpu_variants() -> str[]", []() { return custom_ops::cpu::variant_names(); });
+  // Whether this CPU has a feature that csrc/cpu/variants.def names (GCC's
+  // __builtin_cpu_supports names); the tests compare it with the kernel's /proc/cpuinfo.
+  m.def("cpu_has(str feature) -> bool",
+        [](const std::string& feature) { return custom_ops::cpu::cpu_has(feature); });
+  // Whether the CPU kernel runs on torch's intra-op threads: built with OpenMP, as GCC builds are
+  // (setup.py builds it without under clang, whose OpenMP runtime is not torch's).
+  m.def("cpu_threaded() -> bool", []() {
+#ifdef _OPENMP
+    return true;
+#else
+    return false;
+#endif
+  });
   // The CPU kernel variant in use.
   m.def("cpu_isa() -> str", []() -> std::string {
     return custom_ops::cpu::isa_name(custom_ops::cpu::current_isa());

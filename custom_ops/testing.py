@@ -373,3 +373,15 @@ def use_threads(n: int):
         yield n
     finally:
         torch.set_num_threads(old)
+
+
+def built_by_clang() -> bool:
+    """Whether clang compiled the loaded custom_ops._C (its .comment section names the compilers;
+    readelf from binutils), for the tests whose expectations hold GCC's machine code or build."""
+    import importlib.util
+    import subprocess
+
+    lib = importlib.util.find_spec("custom_ops._C").origin
+    comment = subprocess.run(["readelf", "-p", ".comment", lib], capture_output=True, text=True,
+                             check=True).stdout
+    return "clang" in comment

@@ -18,7 +18,7 @@ class Variant:
     capability: str  # "AVX2": CPU_CAPABILITY of csrc/cpu/kernel_<name>.cpp
     aten: str  # ATen CPU capability from which it may be the default
     flags: tuple  # compiler flags, -DCPU_CAPABILITY=<capability> first
-    cpu_features: tuple  # __builtin_cpu_supports names it needs
+    cpu_features: tuple  # the CPU features it needs (GCC's __builtin_cpu_supports names)
     default_cpus: tuple  # __builtin_cpu_is names where it may be the default; () for every CPU
 
     @property

@@ -18,6 +18,7 @@ from custom_ops.cpu import VARIANTS
 from custom_ops.testing import (
     OP,
     Case,
+    built_by_clang,
     call,
     check_against_reference,
     clone_inputs,
@@ -224,68 +225,92 @@ def test_avx512_code_matches_avx2_on_intrinsic_stand_ins(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _aarch64_tools():
-    """(cross compiler, emulator) for AArch64 programs, or None for each that is not installed."""
-    import shutil
-
-    cxx = os.environ.get("CUSTOM_OPS_AARCH64_CXX") or shutil.which("aarch64-linux-gnu-g++")
-    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
-    return cxx, qemu
+DIGEST_CASES = 240  # the lines tests/cpp/portable_digest.cpp prints
 
 
-def test_portable_variant_gives_the_same_bits_on_aarch64(tmp_path):
+def _digest_units(avx2):
+    """portable_digest.cpp's units: the portable kernel (and the avx2 one), the program, and a
+    labelled double for ATen's threading (tests/cpp/aten_serial.cpp), so nothing links torch."""
+    digest = str(CPP / "portable_digest.cpp")
+    units = {"portable.o": [*TABLE["portable"].flags, str(ROOT / TABLE["portable"].source)],
+             "digest.o": [digest], "serial.o": [str(CPP / "aten_serial.cpp")]}
+    if avx2:
+        units["avx2.o"] = [*TABLE["avx2"].flags, str(ROOT / TABLE["avx2"].source)]
+        units["digest.o"] = ["-DDIGEST_AVX2", digest]
+    return units
+
+
+def _digests(path, cxx=None, *, avx2, link=(), runner=()):
+    """{variant: the digest's lines} of a build by `cxx` in `path`, run under `runner`."""
+    names = ["portable", "avx2"] if avx2 else ["portable"]
+    first = _build_and_run(path, _digest_units(avx2), flags=["-O3", "-ffp-contract=off"],
+                           cxx=cxx, link=link, runner=runner, args=[names[0]], timeout=600)
+    runs = [first] + [subprocess.run([*runner, str(path / "program"), name], capture_output=True,
+                                     text=True, timeout=600, check=False) for name in names[1:]]
+    for name, run in zip(names, runs, strict=True):
+        assert run.returncode == 0, f"{name}: {run.stdout}{run.stderr}"
+    return {name: run.stdout.splitlines() for name, run in zip(names, runs, strict=True)}
+
+
+def _assert_same_digests(mine, what, native):
+    lines = mine["portable"]
+    assert len(lines) == DIGEST_CASES and len({ln.split(" out=")[1] for ln in lines}) == (
+        DIGEST_CASES // 2), "each case once, the specialised and generic kernels alike:\n" + (
+        "\n".join(lines))
+    for name, theirs in mine.items():
+        for native_name, ours in native.items():
+            differ = [f"{native_name} here: {a}\n{what} {name}: {b}"
+                      for a, b in zip(ours, theirs, strict=True) if a != b]
+            assert not differ, f"{len(differ)} of {DIGEST_CASES} cases differ:\n" + "\n".join(
+                differ[:10])
+
+
+@pytest.fixture(scope="module")
+def native_digests(tmp_path_factory):
+    """The digest of this machine's portable and (where it runs) avx2 variants, built by $CXX."""
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip(f"compares with an x86-64 build; this is {platform.machine()}")
+    return _digests(tmp_path_factory.mktemp("native"), avx2="avx2" in custom_ops.cpu_isas())
+
+
+def test_portable_variant_gives_the_same_bits_on_aarch64(native_digests, tmp_path):
     """The portable variant built for AArch64 (the host CPU of many Ascend servers), where its
     fused multiply-add is the FMA instruction (std::fma) and c10's fp16 conversions are the
     hardware's, gives the bits of this machine's portable and avx2 variants:
     tests/cpp/portable_digest.cpp hashes out and state after three steps of 240 cases (every dtype
     pair, K with partial blocks, the specialised and generic row kernels, NaN, Inf, denormal and
-    near-maximal values), built here and with a cross compiler (statically, with a labelled double
-    for ATen's threading: tests/cpp/aten_serial.cpp), the latter run under qemu's user-mode
-    emulator: the bits, not the speed. Skips where the tools are missing (Debian:
-    apt install g++-aarch64-linux-gnu qemu-user-static)."""
-    import platform
+    near-maximal values), built here and with a cross compiler (statically), the latter run under
+    qemu's user-mode emulator: the bits, not the speed. Skips where the tools are missing
+    (Debian: apt install g++-aarch64-linux-gnu qemu-user-static)."""
+    import shutil
 
-    if platform.machine() != "x86_64":
-        pytest.skip(f"compares an x86-64 build with an AArch64 one; this is {platform.machine()}")
-    cross, qemu = _aarch64_tools()
-    if cross is None or qemu is None:
-        missing = [n for n, t in (("aarch64-linux-gnu-g++", cross), ("qemu-aarch64", qemu))
-                   if t is None]
+    cross = os.environ.get("CUSTOM_OPS_AARCH64_CXX") or shutil.which("aarch64-linux-gnu-g++")
+    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+    missing = [n for n, t in (("aarch64-linux-gnu-g++", cross), ("qemu-aarch64", qemu)) if not t]
+    if missing:
         pytest.skip(f"not installed: {', '.join(missing)} "
                     "(apt install g++-aarch64-linux-gnu qemu-user-static)")
-    digest = str(CPP / "portable_digest.cpp")
-    serial = str(CPP / "aten_serial.cpp")
-    portable = [*TABLE["portable"].flags, str(ROOT / TABLE["portable"].source)]
-    flags = ["-O3", "-ffp-contract=off"]
+    arm = _digests(tmp_path, cross, avx2=False, link=["-static"], runner=[qemu])
+    _assert_same_digests(arm, "aarch64", native_digests)
 
-    arm_dir = tmp_path / "aarch64"
-    arm_dir.mkdir()
-    arm = _build_and_run(arm_dir, {"portable.o": portable, "digest.o": [digest],
-                                   "serial.o": [serial]},
-                         flags=flags, cxx=cross, link=["-static"], runner=[qemu],
-                         args=["portable"], timeout=600)
-    assert arm.returncode == 0, arm.stdout + arm.stderr
-    lines = arm.stdout.splitlines()
-    assert len(lines) == 240 and len({line.split(" out=")[1] for line in lines}) == 120, (
-        "each case once, and the specialised and generic kernels alike:\n" + arm.stdout)
 
-    here_dir = tmp_path / "x86_64"
-    here_dir.mkdir()
-    units = {"portable.o": portable, "digest.o": [digest], "serial.o": [serial]}
-    names = ["portable"]
-    if "avx2" in custom_ops.cpu_isas():
-        units["avx2.o"] = [*TABLE["avx2"].flags, str(ROOT / TABLE["avx2"].source)]
-        units["digest.o"] = ["-DDIGEST_AVX2", digest]
-        names.append("avx2")
-    here = _build_and_run(here_dir, units, flags=flags, args=["portable"])
-    for name in names:
-        if name != "portable":
-            here = subprocess.run([str(here_dir / "program"), name], capture_output=True,
-                                  text=True, timeout=600, check=False)
-        assert here.returncode == 0, here.stdout + here.stderr
-        differ = [f"x86-64 {name}: {a}\naarch64 portable: {b}"
-                  for a, b in zip(here.stdout.splitlines(), lines, strict=True) if a != b]
-        assert not differ, f"{len(differ)} of 240 cases differ:\n" + "\n".join(differ[:10])
+def test_clang_build_gives_the_same_bits(native_digests, tmp_path):
+    """The portable and avx2 variants built by clang++ give the bits of the same variants built
+    by $CXX (GCC in CI): nothing in the kernel's bits may depend on a compiler's choices (the
+    kernel files are built with -ffp-contract=off). Skips where clang++ is not installed."""
+    import shutil
+
+    clang = shutil.which("clang++")
+    if clang is None:
+        pytest.skip("not installed: clang++")
+    cxx = os.environ.get("CXX", "c++")
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
+    if "clang" in version.stdout:
+        pytest.skip(f"$CXX ({cxx}) is clang already")
+    mine = _digests(tmp_path, clang, avx2="avx2" in native_digests)
+    _assert_same_digests(mine, "clang++", native_digests)
 
 
 def test_avx512bf16_narrowing_is_exact_for_every_fp32(tmp_path):
@@ -327,6 +352,68 @@ def test_the_variant_table_reads_the_same_in_cpp_and_python():
     assert VARIANTS == tuple(TABLE)
     assert TABLE["portable"].flags[0] == "-DCPU_CAPABILITY=DEFAULT"
     assert set(custom_ops.cpu_isas()) <= set(VARIANTS)
+
+
+def test_cpu_features_agree_with_proc_cpuinfo():
+    """cpu_has (CPUID and XGETBV, csrc/cpu/fused_gdn_decode_cpu.cpp), which decides where a
+    variant runs, against the flags Linux lists in /proc/cpuinfo, for every feature that
+    variants.def names; every runnable variant has its features; a name cpu_has does not know is a
+    ValueError naming it."""
+    import platform
+
+    has = torch.ops.custom_ops_internal.cpu_has
+    with pytest.raises(ValueError, match="the CPU feature 'avx9000' is not one it knows"):
+        has("avx9000")
+    features = sorted({f for v in TABLE.values() for f in v.cpu_features})
+    assert features, "variants.def names no CPU feature"
+    if platform.machine() != "x86_64":
+        assert not any(has(f) for f in features)
+        return
+    info = pathlib.Path("/proc/cpuinfo").read_text()
+    flags = set(re.search(r"^flags\s*:(.*)$", info, re.MULTILINE).group(1).split())
+    linux_name = {"avx512bf16": "avx512_bf16"}  # where /proc/cpuinfo spells it differently
+    for feature in features:
+        assert has(feature) == (linux_name.get(feature, feature) in flags), feature
+    for variant in custom_ops.cpu_isas():
+        assert all(has(f) for f in TABLE[variant].cpu_features), variant
+
+
+_THREADS_CODE = """
+import os, torch, custom_ops
+from custom_ops.testing import OP, Case, call, make_inputs
+torch.set_num_threads(2)
+x = make_inputs(Case(B=8, H=2, Hv=4, K=128, V=64))
+torch.ones(1 << 22).add_(1)  # torch's own intra-op threads start
+before = len(os.listdir("/proc/self/task"))
+for _ in range(3):
+    call(OP, x)
+print(before, len(os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+def test_the_kernel_runs_on_torchs_intra_op_threads():
+    """The kernel's at::parallel_for runs on torch's OpenMP threads (libgomp.so.1, the one torch
+    loaded), so torch.set_num_threads governs it: calls start no threads of their own (clang's
+    -fopenmp would bring LLVM's libomp, a second pool beside torch's). A GCC build is threaded
+    (it imports GOMP_parallel); a clang build runs the kernel on one thread (setup.py)."""
+    import importlib.util
+    import shutil
+
+    result = subprocess.run([sys.executable, "-c", _THREADS_CODE], capture_output=True, text=True,
+                            timeout=300, check=False, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    before, after = map(int, result.stdout.split())
+    assert after == before, f"the op's calls started {after - before} thread(s) of their own"
+    if shutil.which("nm") is None or shutil.which("readelf") is None:
+        pytest.skip("nm and readelf (binutils) are not installed: the imports are not checked")
+    lib = importlib.util.find_spec("custom_ops._C").origin
+    imports = subprocess.run(["nm", "-D", "--undefined-only", lib], capture_output=True,
+                             text=True, check=True).stdout
+    assert "__kmpc_" not in imports, "the library calls LLVM's OpenMP runtime"
+    threaded = torch.ops.custom_ops_internal.cpu_threaded()
+    assert threaded == ("GOMP_parallel" in imports)
+    assert threaded or built_by_clang(), "a GCC build without OpenMP: the kernel runs serially"
 
 
 def _isa_in_subprocess(env, code="import custom_ops; print(custom_ops.cpu_isa())"):

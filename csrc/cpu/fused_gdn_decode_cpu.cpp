@@ -1,7 +1,13 @@
 // CPU implementation of custom::npu_fused_gdn_decode and the run-time choice of kernel variant.
+#include <algorithm>
 #include <atomic>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
@@ -13,17 +19,72 @@
 #include "fused_gdn_decode.h"
 
 namespace custom_ops::cpu {
+
+namespace {
+#if defined(__x86_64__) || defined(__i386__)
+// What cpu_has reads: CPUID, and XGETBV for which registers the OS saves.
+struct X86Features {
+  bool avx = false;     // the CPU has AVX and the OS saves the ymm registers
+  bool avx512 = false;  // and also the opmask and zmm registers
+  unsigned leaf1_ecx = 0, leaf7_ebx = 0, leaf7_1_eax = 0;
+
+  X86Features() {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) {
+      return;
+    }
+    leaf1_ecx = c;
+    if ((c & bit_OSXSAVE) != 0) {
+      unsigned lo, hi;
+      __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));  // XCR0, without needing -mxsave
+      avx = (c & bit_AVX) != 0 && (lo & 0x6) == 0x6;
+      avx512 = avx && (lo & 0xe0) == 0xe0;
+    }
+    if (__get_cpuid_max(0, nullptr) >= 7) {
+      __cpuid_count(7, 0, a, b, c, d);
+      leaf7_ebx = b;
+      __cpuid_count(7, 1, a, b, c, d);
+      leaf7_1_eax = a;
+    }
+  }
+};
+#endif
+} // namespace
+
+// By the rules of GCC's __builtin_cpu_supports (an AVX or AVX-512 feature counts only where the
+// OS saves the registers it needs), but not by that builtin: clang 14's rejects "f16c" at compile
+// time.
+bool cpu_has(std::string_view feature) {
+  static constexpr std::string_view kKnown[] = {
+      "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512bf16"};
+  TORCH_CHECK_VALUE(std::find(std::begin(kKnown), std::end(kKnown), feature) != std::end(kKnown),
+                    "cpu_has: the CPU feature '", feature, "' is not one it knows (",
+                    "csrc/cpu/fused_gdn_decode_cpu.cpp)");
+#if defined(__x86_64__) || defined(__i386__)
+  static const X86Features f;
+  const auto bit = [](unsigned reg, int n) { return ((reg >> n) & 1) != 0; };
+  if (feature == "avx2") return f.avx && bit(f.leaf7_ebx, 5);
+  if (feature == "fma") return f.avx && bit(f.leaf1_ecx, 12);
+  if (feature == "f16c") return f.avx && bit(f.leaf1_ecx, 29);
+  if (feature == "avx512f") return f.avx512 && bit(f.leaf7_ebx, 16);
+  if (feature == "avx512dq") return f.avx512 && bit(f.leaf7_ebx, 17);
+  if (feature == "avx512bw") return f.avx512 && bit(f.leaf7_ebx, 30);
+  if (feature == "avx512vl") return f.avx512 && bit(f.leaf7_ebx, 31);
+  if (feature == "avx512bf16") return f.avx512 && bit(f.leaf7_1_eax, 5);
+#endif
+  return false;
+}
+
 namespace {
 
 #if defined(__x86_64__) || defined(__i386__)
 #define CUSTOM_OPS_CPU_INIT() __builtin_cpu_init()
-#define CUSTOM_OPS_CPU_HAS(feature) __builtin_cpu_supports(#feature)
 #define CUSTOM_OPS_CPU_IS(cpu) __builtin_cpu_is(#cpu)
 #else
 #define CUSTOM_OPS_CPU_INIT()
-#define CUSTOM_OPS_CPU_HAS(feature) false
 #define CUSTOM_OPS_CPU_IS(cpu) false
 #endif
+#define CUSTOM_OPS_CPU_HAS(feature) cpu_has(#feature)
 
 using KernelFn = void (*)(const GdnParams&);
 

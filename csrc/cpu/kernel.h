@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace custom_ops::cpu {
@@ -54,6 +55,10 @@ struct GdnParams {
   extern const bool kernel_built_##CAPABILITY;
 #include "cpu/variants.def"
 #undef CUSTOM_OPS_CPU_VARIANT
+
+// Whether this CPU has a feature that cpu/variants.def names (CUSTOM_OPS_CPU_HAS: GCC's
+// __builtin_cpu_supports names); false off x86. ValueError for a name it does not know.
+bool cpu_has(std::string_view feature);
 
 // A variant: its index in cpu/variants.def, in order of preference.
 using Isa = int;
