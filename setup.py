@@ -100,9 +100,9 @@ def _clang():
 
 # at::parallel_for is inline OpenMP: without -fopenmp it silently runs on one thread. GCC's
 # libgomp.so.1 resolves at run time to the one torch has already loaded. clang's -fopenmp links
-# LLVM's libomp instead: a second runtime whose threads ignore torch.set_num_threads and spin
-# beside torch's (a call 1.6-2.0x slower on 2 cores, docs/building.md), so clang builds the kernel
-# without OpenMP, on one thread.
+# LLVM's libomp instead: a second runtime, whose pool a call starts beside torch's and which
+# ignores torch.set_num_threads (docs/building.md#compilers), so clang builds the kernel without
+# OpenMP, on one thread.
 CLANG = _clang()
 OPENMP = [] if CLANG else ["-fopenmp"]
 CXX_FLAGS = ["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function", "-Wno-unknown-pragmas"]
