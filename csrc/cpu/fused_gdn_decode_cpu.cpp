@@ -43,8 +43,10 @@ struct X86Features {
     if (__get_cpuid_max(0, nullptr) >= 7) {
       __cpuid_count(7, 0, a, b, c, d);
       leaf7_ebx = b;
-      __cpuid_count(7, 1, a, b, c, d);
-      leaf7_1_eax = a;
+      if (a >= 1) {  // the highest sub-leaf of leaf 7
+        __cpuid_count(7, 1, a, b, c, d);
+        leaf7_1_eax = a;
+      }
     }
   }
 };
