@@ -52,4 +52,4 @@ if [ "$WITH_TEST_DEPS" = 1 ]; then
   # skip.
   "$PYTHON" scripts/fetch_torch_npu.py || echo "build_and_install: torch-npu wheels not fetched"
 fi
-"$PYTHON" -c "import custom_ops, torch; print('custom_ops installed: torch', torch.__version__, '| CPU kernel:', custom_ops.cpu_isa(), '| variants:', custom_ops.cpu_isas(), '| threads:', 'torch.get_num_threads()' if torch.ops.custom_ops_internal.cpu_threaded() else 'one (built without OpenMP: docs/building.md#compilers)')"
+"$PYTHON" -c "import custom_ops, torch; print('custom_ops installed: torch', torch.__version__, '| CPU kernel:', custom_ops.cpu_isa(), '| variants:', custom_ops.cpu_isas(), '| kernel threads:', 'intra-op (torch.set_num_threads)' if torch.ops.custom_ops_internal.cpu_threaded() else 'one (built without OpenMP: docs/building.md#compilers)')"
