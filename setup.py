@@ -104,7 +104,9 @@ def _clang():
 # ignores torch.set_num_threads (docs/building.md#compilers), so clang builds the kernel without
 # OpenMP, on one thread.
 CLANG = _clang()
-OPENMP = [] if CLANG else ["-fopenmp"]
+OPENMP = ["-fopenmp"]
+if CLANG:
+    OPENMP = []
 CXX_FLAGS = ["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function", "-Wno-unknown-pragmas"]
 LINK_FLAGS = ["-ldl"] + OPENMP
 if DEBUG:
