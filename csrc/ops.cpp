@@ -73,7 +73,7 @@ TORCH_LIBRARY(custom_ops_internal, m) {
   // Every CPU kernel variant (csrc/cpu/variants.def), built or not, in order of preference.
   m.def("cpu_variants() -> str[]", []() { return custom_ops::cpu::variant_names(); });
   // Whether this CPU has a feature that csrc/cpu/variants.def names (GCC's
-  // __builtin_cpu_supports names); the tests compare it with the kernel's /proc/cpuinfo.
+  // __builtin_cpu_supports names), from CPUID; the tests compare it with Linux's /proc/cpuinfo.
   m.def("cpu_has(str feature) -> bool",
         [](const std::string& feature) { return custom_ops::cpu::cpu_has(feature); });
   // Whether the CPU kernel runs on torch's intra-op threads: built with OpenMP, as GCC builds are
