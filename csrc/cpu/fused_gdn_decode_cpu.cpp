@@ -57,24 +57,53 @@ struct X86Features {
 // OS saves the registers it needs), but not by that builtin: clang 14's rejects "f16c" at compile
 // time.
 bool cpu_has(std::string_view feature) {
-  static constexpr std::string_view kKnown[] = {
-      "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512bf16"};
-  TORCH_CHECK_VALUE(std::find(std::begin(kKnown), std::end(kKnown), feature) != std::end(kKnown),
-                    "cpu_has: the CPU feature '", feature, "' is not one it knows (",
-                    "csrc/cpu/fused_gdn_decode_cpu.cpp)");
+  enum Reg { kLeaf1Ecx, kLeaf7Ebx, kLeaf7_1Eax };
+  struct Known {
+    std::string_view name;
+    Reg reg;
+    int bit;
+    bool zmm;  // an AVX-512 feature: needs the opmask and zmm registers saved, not only ymm
+  };
+  static constexpr Known kKnown[] = {
+      {"avx2", kLeaf7Ebx, 5, false},
+      {"fma", kLeaf1Ecx, 12, false},
+      {"f16c", kLeaf1Ecx, 29, false},
+      {"avx512f", kLeaf7Ebx, 16, true},
+      {"avx512dq", kLeaf7Ebx, 17, true},
+      {"avx512bw", kLeaf7Ebx, 30, true},
+      {"avx512vl", kLeaf7Ebx, 31, true},
+      {"avx512bf16", kLeaf7_1Eax, 5, true},
+  };
+  const auto* known = std::find_if(std::begin(kKnown), std::end(kKnown),
+                                   [&](const Known& k) { return k.name == feature; });
+  if (known == std::end(kKnown)) {
+    std::string names;
+    for (const Known& k : kKnown) {
+      names += names.empty() ? "" : ", ";
+      names += k.name;
+    }
+    TORCH_CHECK_VALUE(false, "cpu_has: feature must be one of ", names, "; got '", feature, "'");
+  }
 #if defined(__x86_64__) || defined(__i386__)
+  constexpr auto mask = [](std::string_view name) {
+    for (const Known& k : kKnown) {
+      if (k.name == name) return 1u << k.bit;
+    }
+    return 0u;
+  };
+  static_assert(mask("avx2") == bit_AVX2 && mask("fma") == bit_FMA && mask("f16c") == bit_F16C &&
+                    mask("avx512f") == bit_AVX512F && mask("avx512dq") == bit_AVX512DQ &&
+                    mask("avx512bw") == bit_AVX512BW && mask("avx512vl") == bit_AVX512VL &&
+                    mask("avx512bf16") == bit_AVX512BF16,
+                "kKnown's bits against the compiler's <cpuid.h>");
   static const X86Features f;
-  const auto bit = [](unsigned reg, int n) { return ((reg >> n) & 1) != 0; };
-  if (feature == "avx2") return f.avx && bit(f.leaf7_ebx, 5);
-  if (feature == "fma") return f.avx && bit(f.leaf1_ecx, 12);
-  if (feature == "f16c") return f.avx && bit(f.leaf1_ecx, 29);
-  if (feature == "avx512f") return f.avx512 && bit(f.leaf7_ebx, 16);
-  if (feature == "avx512dq") return f.avx512 && bit(f.leaf7_ebx, 17);
-  if (feature == "avx512bw") return f.avx512 && bit(f.leaf7_ebx, 30);
-  if (feature == "avx512vl") return f.avx512 && bit(f.leaf7_ebx, 31);
-  if (feature == "avx512bf16") return f.avx512 && bit(f.leaf7_1_eax, 5);
-#endif
+  const unsigned reg = known->reg == kLeaf1Ecx   ? f.leaf1_ecx
+                       : known->reg == kLeaf7Ebx ? f.leaf7_ebx
+                                                 : f.leaf7_1_eax;
+  return (known->zmm ? f.avx512 : f.avx) && ((reg >> known->bit) & 1) != 0;
+#else
   return false;
+#endif
 }
 
 namespace {
