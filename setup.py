@@ -80,22 +80,13 @@ BUILT = _built_variants()
 def _clang():
     """Whether clang compiles the extension ($CXX, as BuildExtension takes it) or the kernel
     libraries (setuptools' default compiler, as build_clib takes it)."""
-    import subprocess
-
     from setuptools._distutils.ccompiler import new_compiler
     from setuptools._distutils.sysconfig import customize_compiler
 
     compiler = new_compiler()
     customize_compiler(compiler)
-    for cxx in (os.environ.get("CXX", "c++"), compiler.compiler_so[0]):
-        try:
-            out = subprocess.run([cxx, "--version"], capture_output=True, text=True,
-                                 check=False).stdout
-        except OSError:
-            continue
-        if "clang" in out:
-            return True
-    return False
+    return any(cpu_variants.is_clang(cxx)
+               for cxx in (os.environ.get("CXX", "c++"), compiler.compiler_so[0]))
 
 
 # at::parallel_for is inline OpenMP: without -fopenmp it silently runs on one thread. GCC's

@@ -64,3 +64,15 @@ def variants(path=DEF):
     if not rows:
         raise ValueError(f"{DEF}: no CUSTOM_OPS_CPU_VARIANT rows")
     return rows
+
+
+def is_clang(cxx):
+    """Whether the C++ compiler command cxx is clang (by its --version); False where it does not
+    run. setup.py builds clang's kernel without OpenMP (docs/building.md#compilers)."""
+    import subprocess
+
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
+    except OSError:
+        return False
+    return "clang" in out.stdout
