@@ -78,7 +78,8 @@ def compile_check(wheel, tmp_path, csrc, mode):
     src = tmp_path / "check.cpp"
     src.write_text(check_source(include, (csrc / "npu" / "acl_api.h").read_text()))
     torch_inc = cpp_ext.include_paths()
-    cmd = ["g++", "-std=c++17", mode, "-w", f"-I{ABI_DIR / 'shadow'}", f"-I{csrc}",
+    # C++20, as the extension (setup.py): torch 2.14's headers need it (std::strong_ordering).
+    cmd = ["g++", "-std=c++20", mode, "-w", f"-I{ABI_DIR / 'shadow'}", f"-I{csrc}",
            f"-I{include}", *(f"-I{p}" for p in torch_inc), str(src), "-o",
            str(tmp_path / "check.o")]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
