@@ -28,6 +28,11 @@ class RegistryUnreachable(RuntimeError):
     """pip could not reach the package index at all (offline host): callers may skip."""
 
 
+class NoRelease(RuntimeError):
+    """The index lists torch-npu, but no release for this torch (torch-npu X.Y.Z requires torch
+    X.Y.Z; a newer or patch-level torch may have none): callers may skip."""
+
+
 def torch_npu_version():
     """torch-npu releases track torch's: torch 2.13.0 pairs with torch-npu 2.13.0."""
     import torch
@@ -45,6 +50,14 @@ def _pip(*args):
                           check=False)
 
 
+def _available(index_versions):
+    """The versions of `pip index versions`'s output ("Available versions: 2.14.0, 2.13.0, ...")."""
+    for line in index_versions.splitlines():
+        if line.startswith("Available versions:"):
+            return [v.strip() for v in line.split(":", 1)[1].split(",") if v.strip()]
+    return []
+
+
 def _download(version, arch, dest):
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     res = _pip("download", "--no-deps", "--only-binary=:all:", "--platform", ARCHES[arch],
@@ -54,6 +67,9 @@ def _download(version, arch, dest):
         if probe.returncode != 0:
             last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
             raise RegistryUnreachable(f"pip cannot reach the package index ({last})")
+        available = _available(probe.stdout)
+        if version not in available:
+            raise NoRelease(f"torch-npu has no release {version} (it has {', '.join(available)})")
         raise RuntimeError(f"pip could not download torch-npu=={version} for {arch} (Python {py}): "
                            f"{res.stderr.strip()[-800:]}\nAvailable: {probe.stdout.strip()}")
     wheels = sorted(dest.glob(f"torch_npu-{version}-*{arch}.whl"))

@@ -57,7 +57,9 @@ def one_thread():
 def torch_npu_wheel():
     """The torch-npu wheels matching torch (x86-64 and aarch64), downloaded once and unpacked,
     never installed, by scripts/fetch_torch_npu.py. Skips only when the package index cannot be
-    reached; any other failure (no release for this torch, a changed wheel) is an error."""
+    reached, or when torch-npu has no release for this torch (a torch no Ascend host runs), unless
+    CUSTOM_OPS_REQUIRE_TORCH_NPU=1 (.ci/run's second run, whose torch is chosen for its
+    torch-npu); any other failure (a changed wheel) is an error."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "scripts"))
     import fetch_torch_npu
 
@@ -65,3 +67,7 @@ def torch_npu_wheel():
         return fetch_torch_npu.ensure()
     except fetch_torch_npu.RegistryUnreachable as e:
         pytest.skip(f"torch-npu wheel not available, the package index is unreachable: {e}")
+    except fetch_torch_npu.NoRelease as e:
+        if os.environ.get("CUSTOM_OPS_REQUIRE_TORCH_NPU") == "1":
+            raise
+        pytest.skip(f"torch-npu wheel not available for torch {torch.__version__}: {e}")

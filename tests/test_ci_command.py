@@ -67,6 +67,7 @@ echo $((n + 1)) > "$RECORD/calls"
 printf '%s' "$1" > "$RECORD/flag$n"
 printf '%s' "$2" > "$RECORD/command$n"
 printf '%s' "$MAX_JOBS" > "$RECORD/max_jobs$n"
+printf '%s' "${CUSTOM_OPS_REQUIRE_TORCH_NPU:-}" > "$RECORD/require_torch_npu$n"
 set -- $STUB_RCS
 shift "$n"
 exit "$1"
@@ -138,6 +139,8 @@ def test_ci_runs_the_npu_torch_tests_on_the_newest_torch_npus_torch(tmp_path):
     assert {"tests/test_torch_npu_abi.py", "tests/test_torchair.py",
             "tests/test_graph_mode.py"} <= set(files)
     assert "tests/test_integration_vllm.py" not in files
+    assert [(record / f"require_torch_npu{i}").read_text() for i in range(2)] == ["", "1"], (
+        "only the second run must refuse to skip the torch-npu tests for want of a release")
     first = re.search(r"TORCH_VERSION=\$\{TORCH_VERSION:-([\d.]+)\}",
                       (ROOT / "build_and_install.sh").read_text()).group(1)
     assert m.group(1) != first, "the second run must use another torch than the first"

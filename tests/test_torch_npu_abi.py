@@ -121,3 +121,30 @@ def test_check_fails_when_a_declaration_changes(torch_npu_wheel, tmp_path):
         _, err = proc.communicate()
         assert proc.returncode != 0, what
         assert label in err, f"{what}: {err[-4000:]}"
+
+
+@pytest.mark.parametrize("probe_rc, listed, raised", [
+    (1, "", "RegistryUnreachable"),  # pip reaches no index: the tests skip
+    (0, "2.14.0, 2.13.0", "NoRelease"),  # no torch-npu for this torch: they skip outside CI
+    (0, "2.15.0, 2.14.0", "RuntimeError"),  # listed but not downloaded: an error
+])
+def test_fetch_tells_a_missing_release_from_a_failure(monkeypatch, tmp_path, probe_rc, listed,
+                                                      raised):
+    """scripts/fetch_torch_npu.py with a labelled double for pip: a torch-npu download of 2.15.0
+    that fails, and `pip index versions torch-npu` answering as given."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import fetch_torch_npu
+
+    def fake_pip(*args):
+        if args[0] == "download":
+            return subprocess.CompletedProcess(args, 1, "", "ERROR: No matching distribution")
+        assert args == ("index", "versions", "torch-npu"), args
+        out = f"torch-npu ({listed.split(',')[0]})\nAvailable versions: {listed}\n" if listed else ""
+        return subprocess.CompletedProcess(args, probe_rc, out, "" if listed else "ERROR: offline")
+
+    monkeypatch.setattr(fetch_torch_npu, "_pip", fake_pip)
+    with pytest.raises(RuntimeError) as e:
+        fetch_torch_npu._download("2.15.0", "x86_64", tmp_path)
+    assert type(e.value).__name__ == raised, e.value
+    if raised == "NoRelease":
+        assert str(e.value) == "torch-npu has no release 2.15.0 (it has 2.14.0, 2.13.0)"
