@@ -69,7 +69,8 @@ def _download(version, arch, dest):
             raise RegistryUnreachable(f"pip cannot reach the package index ({last})")
         available = _available(probe.stdout)
         if version not in available:
-            raise NoRelease(f"torch-npu has no release {version} (it has {', '.join(available)})")
+            raise NoRelease(f"torch-npu has no release {version} (its newest: "
+                            f"{', '.join(available[:3])})")
         raise RuntimeError(f"pip could not download torch-npu=={version} for {arch} (Python {py}): "
                            f"{res.stderr.strip()[-800:]}\nAvailable: {probe.stdout.strip()}")
     wheels = sorted(dest.glob(f"torch_npu-{version}-*{arch}.whl"))
@@ -135,7 +136,10 @@ def ensure(version=None):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--version", help="torch-npu version (default: the installed torch's)")
-    print(ensure(p.parse_args().version))
+    try:
+        print(ensure(p.parse_args().version))
+    except (RegistryUnreachable, NoRelease) as e:  # expected on some hosts: no traceback
+        sys.exit(f"fetch_torch_npu: {e}")
 
 
 if __name__ == "__main__":

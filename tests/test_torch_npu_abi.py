@@ -147,4 +147,4 @@ def test_fetch_tells_a_missing_release_from_a_failure(monkeypatch, tmp_path, pro
         fetch_torch_npu._download("2.15.0", "x86_64", tmp_path)
     assert type(e.value).__name__ == raised, e.value
     if raised == "NoRelease":
-        assert str(e.value) == "torch-npu has no release 2.15.0 (it has 2.14.0, 2.13.0)"
+        assert str(e.value) == "torch-npu has no release 2.15.0 (its newest: 2.14.0, 2.13.0)"
