@@ -148,3 +148,8 @@ def test_fetch_tells_a_missing_release_from_a_failure(monkeypatch, tmp_path, pro
     assert type(e.value).__name__ == raised, e.value
     if raised == "NoRelease":
         assert str(e.value) == "torch-npu has no release 2.15.0 (its newest: 2.14.0, 2.13.0)"
+    # The tests skip for an unreachable index always, for no release except in .ci/run's second
+    # run (CUSTOM_OPS_REQUIRE_TORCH_NPU=1), for nothing else.
+    for require, skips in (("", raised != "RuntimeError"), ("1", raised == "RegistryUnreachable")):
+        environ = {"CUSTOM_OPS_REQUIRE_TORCH_NPU": require}
+        assert fetch_torch_npu.may_skip(e.value, environ) == skips, (raised, require)
