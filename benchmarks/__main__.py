@@ -567,10 +567,11 @@ SOURCE_PATHS = ("csrc", "custom_ops", "benchmarks", "scripts", "setup.py", "pypr
 
 
 @functools.lru_cache(maxsize=None)
-def source_commit():
-    """The checkout's commit (with "+changes" when the sources, SOURCE_PATHS, differ from it), or
-    "unknown". Cached: main() asks before the run, so a commit made while it runs is not named."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def source_commit(root=None):
+    """The commit of the checkout at root (default: this one), with "+changes" when its sources,
+    SOURCE_PATHS, differ from it, or "unknown". Cached: main() asks before the run, so a commit
+    made while it runs is not named."""
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10, check=True).stdout

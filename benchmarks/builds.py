@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks.__main__ import machine_description
+from benchmarks.__main__ import machine_description, source_commit
 
 STATES = ("float32", "bfloat16", "float16")
 
@@ -62,15 +62,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def checkout_commit(checkout):
-    """The checkout's commit, with "+changes" where its tracked files differ from it."""
-    def git(*a):
-        return subprocess.run(["git", "-C", checkout, *a], capture_output=True, text=True,
-                              check=False).stdout.strip()
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def measure(checkout, threads, batch, reps, states):
     env = dict(os.environ, PYTHONPATH=os.path.abspath(checkout))
     r = subprocess.run([sys.executable, "-c", _CHILD, str(threads), str(batch), str(reps),
@@ -89,7 +80,7 @@ def main(argv=None):
     states = args.states.split(",")
     print(f"benchmarks.builds: {machine_description('cpu')}", flush=True)
     for i, c in enumerate(args.checkouts):
-        print(f"build {i}: {c} (commit {checkout_commit(c)})")
+        print(f"build {i}: {c} (commit {source_commit(os.path.abspath(c))})")
     print(f"median us per call, H=16 Hv=32 K=V=128, state on fixed slots; x = over build 0; "
           f"{args.rounds} turns of each build per line")
     for threads in map(int, args.threads.split(",")):
